@@ -1,0 +1,40 @@
+"""aiovec: an asyncio-native vectorized environment runtime for reinforcement learning.
+
+Run N copies of a Gymnasium environment as one batched ``gymnasium.vector.VectorEnv``,
+stepped in lockstep or first-ready from asyncio.
+"""
+
+from gymnasium.vector import AutoresetMode
+
+from aiovec._make import make
+from aiovec.envs import register_envs
+from aiovec.errors import (
+    AiovecError,
+    ClosedError,
+    EnvBusyError,
+    EnvError,
+    FactoryPicklingError,
+    NothingInFlightError,
+    SyncCallInEventLoopError,
+    WorkerCrashedError,
+)
+from aiovec.vector_env import Batch, VecEnv
+
+__version__ = "0.1.0"
+
+register_envs()
+
+__all__ = [
+    "AiovecError",
+    "AutoresetMode",
+    "Batch",
+    "ClosedError",
+    "EnvBusyError",
+    "EnvError",
+    "FactoryPicklingError",
+    "NothingInFlightError",
+    "SyncCallInEventLoopError",
+    "VecEnv",
+    "WorkerCrashedError",
+    "make",
+]

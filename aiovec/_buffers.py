@@ -1,0 +1,52 @@
+"""The per-vector-env data block: observations, actions, rewards and flags, one row per env.
+
+The layout depends only on the two single-env spaces and ``num_envs``, so the vector
+env and every worker carve the same arrays from the same shared region.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from aiovec._memory import ArrayAllocator
+from aiovec._spaces import allocate, is_shareable
+
+
+@dataclass
+class Buffers:
+    """Batched arrays shared by all envs. ``observations``/``actions`` are ``None`` when
+    their space is not shareable (then those values travel in messages instead)."""
+
+    observations: Any
+    actions: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+
+
+def build_buffers(
+    observation_space: spaces.Space, action_space: spaces.Space, num_envs: int, allocator: Any
+) -> Buffers:
+    """Lay the buffers out in a fixed order using ``allocator`` (see ``ArrayAllocator``)."""
+    return Buffers(
+        observations=allocate(observation_space, num_envs, allocator)
+        if is_shareable(observation_space)
+        else None,
+        actions=allocate(action_space, num_envs, allocator) if is_shareable(action_space) else None,
+        rewards=allocator((num_envs,), np.float64),
+        terminations=allocator((num_envs,), np.bool_),
+        truncations=allocator((num_envs,), np.bool_),
+    )
+
+
+def buffers_nbytes(
+    observation_space: spaces.Space, action_space: spaces.Space, num_envs: int
+) -> int:
+    """How many bytes :func:`build_buffers` needs for these spaces."""
+    measure = ArrayAllocator()
+    build_buffers(observation_space, action_space, num_envs, measure)
+    return measure.nbytes

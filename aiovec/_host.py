@@ -1,0 +1,187 @@
+"""Runs commands on a group of envs: the one place where envs are reset, stepped and called.
+
+Both the in-process backend and the subprocess worker drive an :class:`EnvHost`, so
+autoreset semantics and error capture are written once and are identical everywhere.
+An exception raised by one env is captured per env; the other envs of the command run
+normally.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+
+from aiovec._buffers import Buffers
+from aiovec._protocol import Call, Command, ErrorInfo, Reply, Reset, SetAttr, Step
+from aiovec._spaces import is_shareable, read_row, write_row
+
+
+def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
+    """Capture ``exc`` (raised by env ``env_id``) with its formatted traceback."""
+    return ErrorInfo(
+        env_id=env_id,
+        operation=operation,
+        exc_type=type(exc).__qualname__,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+    )
+
+
+class EnvBuildError(Exception):
+    """An env factory raised; carries the captured error."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+
+def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
+    """Call each factory; on the first failure close what was built and raise EnvBuildError."""
+    envs: dict[int, gym.Env] = {}
+    for env_id, env_fn in env_fns.items():
+        try:
+            env = env_fn()
+            if not isinstance(env, gym.Env):
+                raise TypeError(
+                    f"the env factory returned {type(env).__name__}, not a gymnasium.Env; "
+                    "it must be a callable that creates one env"
+                )
+        except Exception as exc:
+            for built in envs.values():
+                _close_quietly(built)
+            raise EnvBuildError(error_info(env_id, "make", exc)) from exc
+        envs[env_id] = env
+    return envs
+
+
+def describe(env: gym.Env) -> tuple[Any, ...]:
+    """What the vector env needs to know about an env: spaces, metadata, render mode, spec."""
+    return (env.observation_space, env.action_space, dict(env.metadata), env.render_mode, env.spec)
+
+
+class EnvHost:
+    """Executes :mod:`aiovec._protocol` commands on ``envs`` (keyed by global env id)."""
+
+    def __init__(
+        self, envs: dict[int, gym.Env], autoreset_mode: AutoresetMode, buffers: Buffers | None
+    ) -> None:
+        self.envs = envs
+        self.autoreset_mode = autoreset_mode
+        self.buffers = buffers  # may be attached later, before the first command
+        self._observation_space = next(iter(envs.values())).observation_space
+        self._needs_reset = dict.fromkeys(envs, False)
+        # Observations of spaces that are not in shared memory, sent back in the reply.
+        self._observations: dict[int, Any] | None = (
+            None if is_shareable(self._observation_space) else {}
+        )
+
+    def execute(self, command: Command) -> Reply:
+        """Run ``command`` on each of its envs and describe the outcome."""
+        env_ids = command.env_ids
+        infos: list[Any] = [None] * len(env_ids)
+        values: list[Any] | None = None
+        errors: list[ErrorInfo] | None = None
+        if isinstance(command, Step):
+            operation = "step"
+            for position, env_id in enumerate(env_ids):
+                action = (
+                    read_row(self.buffers.actions, env_id)
+                    if command.actions is None
+                    else command.actions[position]
+                )
+                try:
+                    infos[position] = self._step(env_id, action)
+                except Exception as exc:
+                    errors = (errors or []) + [error_info(env_id, operation, exc)]
+        elif isinstance(command, Reset):
+            operation = "reset"
+            for position, env_id in enumerate(env_ids):
+                try:
+                    infos[position] = self._reset(env_id, command.seeds[position], command.options)
+                except Exception as exc:
+                    errors = (errors or []) + [error_info(env_id, operation, exc)]
+        elif isinstance(command, Call):
+            values = [None] * len(env_ids)
+            for position, env_id in enumerate(env_ids):
+                try:
+                    attribute = self.envs[env_id].get_wrapper_attr(command.name)
+                    values[position] = (
+                        attribute(*(command.args or ()), **(command.kwargs or {}))
+                        if callable(attribute)
+                        else attribute
+                    )
+                except Exception as exc:
+                    errors = (errors or []) + [error_info(env_id, command.name, exc)]
+        elif isinstance(command, SetAttr):
+            for position, env_id in enumerate(env_ids):
+                try:
+                    self.envs[env_id].set_wrapper_attr(command.name, command.values[position])
+                except Exception as exc:
+                    errors = (errors or []) + [error_info(env_id, f"set_attr {command.name}", exc)]
+        else:
+            raise TypeError(f"unexpected command {command!r}")
+
+        observations = None
+        if self._observations is not None and isinstance(command, (Step, Reset)):
+            observations = [self._observations.get(env_id) for env_id in env_ids]
+        return Reply(
+            seq=command.seq,
+            env_ids=env_ids,
+            infos=infos if any(infos) else None,
+            values=values,
+            observations=observations,
+            errors=errors,
+        )
+
+    def _reset(self, env_id: int, seed: int | None, options: dict | None) -> dict:
+        observation, info = self.envs[env_id].reset(seed=seed, options=options)
+        self._write_observation(env_id, observation)
+        self.buffers.terminations[env_id] = False
+        self.buffers.truncations[env_id] = False
+        self._needs_reset[env_id] = False
+        return info
+
+    def _step(self, env_id: int, action: Any) -> dict:
+        env = self.envs[env_id]
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP and self._needs_reset[env_id]:
+            observation, info = env.reset()
+            reward, terminated, truncated = 0.0, False, False
+        else:
+            observation, reward, terminated, truncated, info = env.step(action)
+            if self.autoreset_mode is AutoresetMode.SAME_STEP and (terminated or truncated):
+                final = {"final_obs": observation, "final_info": info}
+                observation, reset_info = env.reset()
+                info = {**final, **reset_info}
+        self._write_observation(env_id, observation)
+        self.buffers.rewards[env_id] = reward
+        self.buffers.terminations[env_id] = terminated
+        self.buffers.truncations[env_id] = truncated
+        self._needs_reset[env_id] = bool(terminated or truncated)
+        return info
+
+    def _write_observation(self, env_id: int, observation: Any) -> None:
+        if self._observations is not None:
+            self._observations[env_id] = observation
+            return
+        try:
+            write_row(self._observation_space, self.buffers.observations, env_id, observation)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"the env returned an observation that does not fit its observation_space: {exc}"
+            ) from None
+
+    def close(self) -> None:
+        """Close every env, ignoring their errors (closing must always finish)."""
+        for env in self.envs.values():
+            _close_quietly(env)
+
+
+def _close_quietly(env: gym.Env) -> None:
+    try:
+        env.close()
+    except Exception:
+        pass

@@ -1,0 +1,81 @@
+"""``aiovec.make``: a vector env from a Gymnasium id or an env factory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+
+from aiovec.vector_env import VecEnv
+
+
+class EnvFactory:
+    """A picklable ``() -> Env``: ``make(*args, **kwargs)`` wrapped by ``wrappers`` in order."""
+
+    def __init__(
+        self,
+        make: Callable[..., gym.Env],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    ) -> None:
+        self.make, self.args, self.kwargs, self.wrappers = make, args, kwargs or {}, tuple(wrappers)
+
+    def __call__(self) -> gym.Env:
+        env = self.make(*self.args, **self.kwargs)
+        for wrapper in self.wrappers:
+            env = wrapper(env)
+        return env
+
+    def __repr__(self) -> str:
+        target = getattr(self.make, "__qualname__", repr(self.make))
+        arguments = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"{target}({', '.join(arguments)})"
+
+
+def make(
+    env_id: str | Callable[..., gym.Env],
+    num_envs: int,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    **options: Any,
+) -> VecEnv:
+    """Create ``num_envs`` copies of an env as one :class:`VecEnv`.
+
+    Args:
+        env_id: a Gymnasium registry id (``"CartPole-v1"``, ``"module:Env-v0"``) or a
+            callable returning a ``gymnasium.Env`` (an env class works).
+        num_envs: how many envs.
+        env_kwargs: keyword arguments for ``gymnasium.make`` or for the callable.
+        wrappers: ``gymnasium.Wrapper`` classes (or callables) applied to each env, in order.
+        **options: passed to :class:`VecEnv` (``backend``, ``num_workers``, ``copy``,
+            ``autoreset_mode``, ``context``, ``loop``, ...).
+
+    Raises:
+        gymnasium.error.Error: unknown env id (raised here, before any process starts).
+        ValueError: ``num_envs`` is not a positive integer.
+
+    Example:
+        >>> import aiovec
+        >>> with aiovec.make("CartPole-v1", num_envs=4, backend="inline") as envs:
+        ...     observations, infos = envs.reset(seed=0)
+        ...     observations.shape
+        (4, 4)
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    spec = None
+    if isinstance(env_id, str):
+        spec = gym.spec(env_id)  # unknown ids fail here, with Gymnasium's suggestions
+        factory = EnvFactory(gym.make, (env_id,), env_kwargs, wrappers)
+    elif callable(env_id):
+        factory = EnvFactory(env_id, (), env_kwargs, wrappers)
+    else:
+        raise TypeError(
+            f"env_id must be a Gymnasium id or a callable returning an env, got {env_id!r}"
+        )
+    venv = VecEnv([factory] * num_envs, **options)
+    venv.spec = spec
+    return venv

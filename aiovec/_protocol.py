@@ -1,0 +1,144 @@
+"""Control messages between the vector env and its workers, as typed msgspec structs.
+
+Bulk data (observations, actions, rewards, flags) never travels here: it lives in
+shared memory. Messages carry sequence numbers, env ids, infos and errors. Values of
+arbitrary Python type (infos, call results, options) are converted by :func:`to_wire`:
+msgpack-native values stay native, numpy arrays and scalars become a compact extension,
+anything else is pickled, so every value comes back with its exact type.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Union
+
+import cloudpickle
+import msgspec
+import numpy as np
+
+from aiovec.errors import EnvError
+
+# --- commands (vector env -> worker) ---------------------------------------------------
+
+
+class Reset(msgspec.Struct, array_like=True, tag=True):
+    seq: int
+    env_ids: list[int]
+    seeds: list[Union[int, None]]
+    options: Any = None
+
+
+class Step(msgspec.Struct, array_like=True, tag=True):
+    seq: int
+    env_ids: list[int]
+    actions: Any = None  # only for action spaces that are not in shared memory
+
+
+class Call(msgspec.Struct, array_like=True, tag=True):
+    seq: int
+    env_ids: list[int]
+    name: str
+    args: Any = None
+    kwargs: Any = None
+
+
+class SetAttr(msgspec.Struct, array_like=True, tag=True):
+    seq: int
+    env_ids: list[int]
+    name: str
+    values: Any = None
+
+
+class Close(msgspec.Struct, array_like=True, tag=True):
+    seq: int
+
+
+Command = Union[Reset, Step, Call, SetAttr, Close]
+
+# --- replies (worker -> vector env) ------------------------------------------------------
+
+
+class ErrorInfo(msgspec.Struct, array_like=True):
+    """An exception raised by one env, as the worker saw it."""
+
+    env_id: int
+    operation: str
+    exc_type: str
+    message: str
+    traceback: str
+
+    def to_exception(self) -> EnvError:
+        """The :class:`aiovec.EnvError` the user sees for this error."""
+        return EnvError(self.env_id, self.operation, self.exc_type, self.message, self.traceback)
+
+
+class Reply(msgspec.Struct, array_like=True, tag=True):
+    """The outcome of one command: per-env infos/values, and errors of envs that raised.
+
+    ``infos`` and ``values`` are aligned with ``env_ids``; ``observations`` is set only
+    for observation spaces that are not in shared memory.
+    """
+
+    seq: int
+    env_ids: list[int]
+    infos: Any = None
+    values: Any = None
+    observations: Any = None
+    errors: Union[list[ErrorInfo], None] = None
+
+
+class Hello(msgspec.Struct, array_like=True, tag=True):
+    """A worker's first message: its envs were built (``spaces``) or one failed (``error``)."""
+
+    spaces: bytes = b""  # pickled [(observation_space, action_space, metadata, render_mode, spec)]
+    error: Union[ErrorInfo, None] = None
+
+
+Message = Union[Reply, Hello]
+
+# --- encoding of arbitrary values -----------------------------------------------------------
+
+_NUMPY_EXT = 1
+_PICKLE_EXT = 2
+_NATIVE_TYPES = frozenset((str, int, float, bool, type(None), bytes))
+
+
+def to_wire(value: Any) -> Any:
+    """``value`` as msgpack-encodable data that :func:`decode` turns back into an equal value."""
+    kind = type(value)
+    if kind in _NATIVE_TYPES:
+        if kind is int and not -(2**63) <= value < 2**64:
+            return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(value))
+        return value
+    if kind is dict and all(type(key) is str for key in value):
+        return {key: to_wire(item) for key, item in value.items()}
+    if kind is list:
+        return [to_wire(item) for item in value]
+    if (kind is np.ndarray or isinstance(value, np.generic)) and value.dtype.kind in "biufc":
+        array = np.ascontiguousarray(value) if kind is np.ndarray else np.asarray(value)
+        header = msgspec.msgpack.encode((array.dtype.str, array.shape, kind is not np.ndarray))
+        prefix = len(header).to_bytes(2, "little")
+        return msgspec.msgpack.Ext(_NUMPY_EXT, prefix + header + array.tobytes())
+    return msgspec.msgpack.Ext(_PICKLE_EXT, cloudpickle.dumps(value))
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == _NUMPY_EXT:
+        header_end = 2 + int.from_bytes(data[:2], "little")
+        dtype, shape, is_scalar = _numpy_header_decoder.decode(data[2:header_end])
+        array = np.frombuffer(data, dtype=np.dtype(dtype), offset=header_end).reshape(shape)
+        array = array.copy()  # own the memory: the message buffer is reused
+        return array[()] if is_scalar else array
+    if code == _PICKLE_EXT:
+        return pickle.loads(data)
+    raise ValueError(f"unknown msgpack extension {code}")
+
+
+_numpy_header_decoder = msgspec.msgpack.Decoder(tuple[str, list[int], bool])
+_encoder = msgspec.msgpack.Encoder()
+_command_decoder = msgspec.msgpack.Decoder(Command, ext_hook=_ext_hook)
+_message_decoder = msgspec.msgpack.Decoder(Message, ext_hook=_ext_hook)
+
+encode = _encoder.encode
+decode_command = _command_decoder.decode
+decode_message = _message_decoder.decode

@@ -1,0 +1,152 @@
+"""Per-env state, sequence-numbered requests and the ready-queue.
+
+Every env is IDLE (may be sent an action), BUSY (a command is in flight) or READY (its
+step result arrived and waits in the ready-queue for ``recv``). Each command carries a
+fresh sequence number; a reply is matched to its request by that number, so a late or
+unknown reply can never be taken for a current one.
+
+Messages are applied synchronously (:meth:`Scheduler.dispatch`), never across an
+``await``: cancelling a coroutine that waits here loses nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from aiovec._protocol import Command, Reply
+from aiovec.backends._base import Backend, Message, WorkerExit
+from aiovec.errors import WorkerCrashedError
+
+IDLE, BUSY, READY = 0, 1, 2
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One command sent to one worker, and what came back."""
+
+    worker: int
+    env_ids: list[int]
+    is_step: bool
+    done: bool = False
+    reply: Reply | None = None
+    failure: Exception | None = None  # the worker died before answering
+    errors: dict[int, Exception] = field(default_factory=dict)  # env id -> EnvError
+
+
+class Scheduler:
+    """Tracks which env is doing what; routes backend messages to tickets and the ready-queue."""
+
+    def __init__(self, backend: Backend, num_envs: int) -> None:
+        self.backend = backend
+        self.state = np.full(num_envs, IDLE, dtype=np.int8)
+        self.worker_of = np.empty(num_envs, dtype=np.intp)
+        for worker, group in enumerate(backend.groups):
+            self.worker_of[group] = worker
+        self.ready_queue: deque[int] = deque()
+        self.num_busy = 0
+        self.infos: list[dict | None] = [None] * num_envs
+        self.errors: dict[int, Exception] = {}  # env id -> failure to report instead of a result
+        self.observations: list[Any] = [None] * num_envs  # for spaces not in shared memory
+        self.dead_workers: dict[int, WorkerCrashedError] = {}
+        self._tickets: dict[int, Ticket] = {}
+        self._sequence = itertools.count(1)
+
+    # --- sending ------------------------------------------------------------------------
+
+    def split(self, env_ids: Iterable[int]) -> dict[int, list[int]]:
+        """``env_ids`` grouped by worker, order kept within each group."""
+        groups: dict[int, list[int]] = {}
+        worker_of = self.worker_of
+        for env_id in env_ids:
+            groups.setdefault(int(worker_of[env_id]), []).append(int(env_id))
+        return groups
+
+    def check_alive(self, env_ids: Iterable[int]) -> None:
+        """Raise the crash of the first dead worker hosting one of ``env_ids``."""
+        if self.dead_workers:
+            for env_id in env_ids:
+                crash = self.dead_workers.get(int(self.worker_of[env_id]))
+                if crash is not None:
+                    raise crash
+
+    def submit(
+        self,
+        env_ids: Iterable[int],
+        make_command: Callable[[int, list[int]], Command],
+        is_step: bool,
+    ) -> list[Ticket]:
+        """Send one command per worker; ``make_command(seq, env_ids_of_that_worker)``."""
+        tickets = []
+        for worker, group in self.split(env_ids).items():
+            seq = next(self._sequence)
+            ticket = Ticket(worker, group, is_step)
+            self.backend.submit(worker, make_command(seq, group))
+            self._tickets[seq] = ticket
+            self.state[group] = BUSY
+            self.num_busy += len(group)
+            tickets.append(ticket)
+        return tickets
+
+    # --- receiving ----------------------------------------------------------------------
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Apply backend messages until ``condition()`` holds."""
+        while not condition():
+            self.dispatch(await self.backend.wait())
+
+    def dispatch(self, messages: list[Message]) -> None:
+        """Apply what the workers said: finish tickets, fill the ready-queue."""
+        for worker, message in messages:
+            if isinstance(message, WorkerExit):
+                crash = WorkerCrashedError(
+                    worker, self.backend.groups[worker], message.exitcode, message.hint
+                )
+                self.dead_workers[worker] = crash
+                for seq, ticket in list(self._tickets.items()):
+                    if ticket.worker == worker:
+                        del self._tickets[seq]
+                        self._finish(ticket, None, crash)
+                continue
+            ticket = self._tickets.pop(message.seq, None)
+            if ticket is not None:  # else: a late reply to a request given up on
+                self._finish(ticket, message, None)
+
+    def _finish(self, ticket: Ticket, reply: Reply | None, failure: Exception | None) -> None:
+        ticket.done, ticket.reply, ticket.failure = True, reply, failure
+        env_ids = ticket.env_ids
+        if reply is not None:
+            for error in reply.errors or ():
+                ticket.errors[error.env_id] = error.to_exception()
+            if reply.observations is not None:
+                for env_id, observation in zip(env_ids, reply.observations):
+                    self.observations[env_id] = observation
+        self.num_busy -= len(env_ids)
+        if not ticket.is_step:
+            self.state[env_ids] = IDLE
+            return
+        infos = reply.infos if reply is not None else None
+        for position, env_id in enumerate(env_ids):
+            self.infos[env_id] = infos[position] if infos is not None else None
+            error = failure or ticket.errors.get(env_id)
+            if error is not None:
+                self.errors[env_id] = error
+        self.state[env_ids] = READY
+        self.ready_queue.extend(env_ids)
+
+    def take_ready(self, limit: int) -> list[int]:
+        """Up to ``limit`` env ids from the ready-queue, oldest first, marked IDLE."""
+        count = min(limit, len(self.ready_queue))
+        env_ids = [self.ready_queue.popleft() for _ in range(count)]
+        self.state[env_ids] = IDLE
+        return env_ids
+
+    def give_back(self, env_ids: list[int]) -> None:
+        """Put env ids taken by :meth:`take_ready` back at the front, in order."""
+        self.ready_queue.extendleft(reversed(env_ids))
+        self.state[env_ids] = READY

@@ -1,0 +1,65 @@
+"""The contract between the vector env and the thing that hosts its envs.
+
+A backend hosts ``num_envs`` envs split into *workers* (groups of env ids), accepts
+commands addressed to one worker, and hands back what the workers said. It knows
+nothing about batching, autoreset or the ready-queue: that is the scheduler's job.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, NamedTuple
+
+from gymnasium import spaces
+
+from aiovec._buffers import Buffers
+from aiovec._protocol import Command, Reply
+
+
+class WorkerExit(NamedTuple):
+    """A worker stopped without being asked to: its in-flight commands will never finish."""
+
+    exitcode: int | None
+    hint: str = ""
+
+
+Message = tuple[int, "Reply | WorkerExit"]  # (worker index, what it said)
+
+
+class Backend(abc.ABC):
+    """Hosts envs; moves commands in and replies out.
+
+    Construction builds every env (blocking) and raises :class:`aiovec.EnvError` if a
+    factory fails. Afterwards:
+
+    - :attr:`groups` lists the env ids of each worker; :attr:`descriptions` holds, per
+      env, ``(observation_space, action_space, metadata, render_mode, spec)``.
+    - :meth:`attach` must be called once, before the first command.
+    """
+
+    groups: list[list[int]]
+    descriptions: list[tuple[Any, ...]]
+    buffers: Buffers
+
+    @abc.abstractmethod
+    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
+        """Create the buffers every worker reads actions from and writes results to."""
+
+    @abc.abstractmethod
+    def submit(self, worker: int, command: Command) -> None:
+        """Queue ``command`` for ``worker``; never blocks on the envs."""
+
+    @abc.abstractmethod
+    def poll(self) -> list[Message]:
+        """Whatever the workers have said since the last call, without waiting."""
+
+    @abc.abstractmethod
+    async def wait(self) -> list[Message]:
+        """Wait (in the running event loop) until at least one message is available."""
+
+    @abc.abstractmethod
+    def close(self, timeout: float) -> None:
+        """Stop every worker within about ``timeout`` seconds and release all resources.
+
+        Idempotent; must succeed even after workers crashed.
+        """

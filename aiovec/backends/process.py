@@ -1,0 +1,286 @@
+"""Subprocess backend: worker processes each host a group of envs.
+
+IPC is paid per worker, not per env. Bulk data lives in one anonymous shared region;
+each worker has one socket pair that carries small msgspec frames both ways. The event
+loop watches each worker's socket *and* its process sentinel, so a reply and a death are
+both noticed the moment they happen, without polling or timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import send_handle
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from aiovec._buffers import Buffers, buffers_nbytes, build_buffers
+from aiovec._memory import SharedRegion
+from aiovec._protocol import (
+    Call,
+    Close,
+    Command,
+    Hello,
+    Reset,
+    SetAttr,
+    Step,
+    decode_message,
+    encode,
+    to_wire,
+)
+from aiovec._worker import worker_main
+from aiovec.backends._base import Backend, Message, WorkerExit
+from aiovec.errors import FactoryPicklingError, WorkerCrashedError
+
+STARTUP_HINT = (
+    "it died while building its envs. If the script that creates the vector env has no "
+    "`if __name__ == '__main__':` guard, add one (the 'spawn' and 'forkserver' start "
+    "methods import the main module in every worker), or pass context='fork'"
+)
+
+
+def default_context() -> str:
+    """``forkserver`` where available (fast starts, safe with threads), else ``spawn``."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def pickle_factories(env_fns: dict[int, Callable[[], gym.Env]]) -> bytes:
+    """The factories as bytes for a worker, or a FactoryPicklingError naming the culprit."""
+    try:
+        return cloudpickle.dumps(env_fns)
+    except Exception:
+        pass
+    for env_id, env_fn in env_fns.items():
+        try:
+            cloudpickle.dumps(env_fn)
+        except Exception as exc:
+            raise FactoryPicklingError(
+                f"the factory of env {env_id} ({env_fn!r}) cannot be pickled to send it to a "
+                f"worker process: {type(exc).__name__}: {exc}. Make the factory capture only "
+                "picklable values (create locks, files, sockets and clients inside the env), "
+                "or use backend='inline' to keep envs in this process."
+            ) from exc
+    raise AssertionError("unreachable: every factory pickled on its own")
+
+
+class ProcessBackend(Backend):
+    """Envs in ``num_workers`` subprocesses, contiguous groups of env ids per worker."""
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        autoreset_mode: AutoresetMode,
+        num_workers: int | None = None,
+        context: str | None = None,
+    ) -> None:
+        num_envs = len(env_fns)
+        if num_workers is None:
+            num_workers = min(num_envs, os.cpu_count() or 1)
+        if not 1 <= num_workers <= num_envs:
+            raise ValueError(
+                f"num_workers must be between 1 and num_envs={num_envs}, got {num_workers}"
+            )
+        self.groups = [group.tolist() for group in np.array_split(np.arange(num_envs), num_workers)]
+        payloads = [pickle_factories({i: env_fns[i] for i in group}) for group in self.groups]
+
+        context = context or default_context()
+        multiprocessing_context = multiprocessing.get_context(context)
+        if context == "forkserver":
+            # Workers fork from a server that has already imported numpy and gymnasium.
+            multiprocessing_context.set_forkserver_preload(["aiovec._worker"])
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        self._connections: list[Connection] = []
+        self._dead: set[int] = set()
+        self._region: SharedRegion | None = None
+        self._inbox: list[Message] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future | None = None
+        try:
+            for worker, (group, payload) in enumerate(zip(self.groups, payloads)):
+                parent_end, child_end = multiprocessing_context.Pipe(duplex=True)
+                process = multiprocessing_context.Process(
+                    target=worker_main,
+                    args=(child_end, payload, group[0], autoreset_mode.value),
+                    name=f"aiovec-worker-{worker}",
+                    daemon=True,
+                )
+                self._processes.append(process)
+                self._connections.append(parent_end)
+                process.start()
+                child_end.close()
+            self.descriptions = self._handshake()
+        except BaseException:
+            self.close(timeout=0)
+            raise
+
+    # --- start-up -------------------------------------------------------------------------
+
+    def _handshake(self) -> list[tuple[Any, ...]]:
+        described: dict[int, list[tuple[Any, ...]]] = {}
+        waiting = {self._connections[w]: w for w in range(len(self.groups))}
+        waiting.update({self._processes[w].sentinel: w for w in range(len(self.groups))})
+        while len(described) < len(self.groups):
+            for ready in wait(list(waiting)):
+                worker = waiting[ready]
+                if worker in described:
+                    continue
+                connection = self._connections[worker]
+                try:
+                    hello = decode_message(connection.recv_bytes())
+                except (EOFError, OSError):
+                    self._processes[worker].join(1.0)
+                    raise WorkerCrashedError(
+                        worker, self.groups[worker], self._processes[worker].exitcode, STARTUP_HINT
+                    ) from None
+                assert isinstance(hello, Hello)
+                if hello.error is not None:
+                    raise hello.error.to_exception()
+                described[worker] = cloudpickle.loads(hello.spaces)
+        return [description for w in range(len(self.groups)) for description in described[w]]
+
+    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
+        num_envs = len(self.descriptions)
+        self._region = SharedRegion(buffers_nbytes(observation_space, action_space, num_envs))
+        layout = pickle.dumps((observation_space, action_space, num_envs, self._region.size))
+        for process, connection in zip(self._processes, self._connections):
+            connection.send_bytes(layout)
+            send_handle(connection, self._region.fd, process.pid)
+        self.buffers = build_buffers(
+            observation_space, action_space, num_envs, self._region.allocator()
+        )
+        return self.buffers
+
+    # --- commands and messages ----------------------------------------------------------------
+
+    def submit(self, worker: int, command: Command) -> None:
+        if worker in self._dead:
+            raise WorkerCrashedError(
+                worker, self.groups[worker], self._processes[worker].exitcode, "it is gone"
+            )
+        self._connections[worker].send_bytes(encode(_to_wire(command)))
+
+    def poll(self) -> list[Message]:
+        for worker, connection in enumerate(self._connections):
+            if worker not in self._dead:
+                self._drain(worker, connection)
+        messages, self._inbox = self._inbox, []
+        return messages
+
+    async def wait(self) -> list[Message]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._bind(loop)
+        if not self._inbox:
+            self._waiter = loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        messages, self._inbox = self._inbox, []
+        return messages
+
+    def _drain(self, worker: int, connection: Connection) -> None:
+        try:
+            while connection.poll():
+                self._inbox.append((worker, decode_message(connection.recv_bytes())))
+        except (EOFError, OSError):
+            self._on_exit(worker)
+
+    def _on_readable(self, worker: int) -> None:
+        try:
+            frame = self._connections[worker].recv_bytes()
+        except (EOFError, OSError):
+            self._on_exit(worker)
+            return
+        self._inbox.append((worker, decode_message(frame)))
+        self._wake()
+
+    def _on_exit(self, worker: int) -> None:
+        if worker in self._dead:
+            return
+        self._dead.add(worker)
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._connections[worker].fileno())
+            self._loop.remove_reader(self._processes[worker].sentinel)
+        self._drain(worker, self._connections[worker])  # what it said before dying
+        process = self._processes[worker]
+        process.join(1.0)
+        self._inbox.append((worker, WorkerExit(process.exitcode)))
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch every live worker from ``loop`` (and stop watching from the previous one)."""
+        self._unbind()
+        for worker, (process, connection) in enumerate(zip(self._processes, self._connections)):
+            if worker not in self._dead:
+                loop.add_reader(connection.fileno(), self._on_readable, worker)
+                loop.add_reader(process.sentinel, self._on_exit, worker)
+        self._loop = loop
+
+    def _unbind(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            for worker, (process, connection) in enumerate(zip(self._processes, self._connections)):
+                if worker not in self._dead:
+                    self._loop.remove_reader(connection.fileno())
+                    self._loop.remove_reader(process.sentinel)
+        self._loop = None
+
+    # --- shutdown -------------------------------------------------------------------------
+
+    def close(self, timeout: float) -> None:
+        self._unbind()
+        for worker, connection in enumerate(self._connections):
+            if worker not in self._dead:
+                try:
+                    connection.send_bytes(encode(Close(seq=0)))
+                except OSError:
+                    pass
+        _stop_processes(self._processes, timeout)
+        for connection in self._connections:
+            connection.close()
+        self._dead.update(range(len(self._processes)))
+        if self._region is not None:
+            self._region.close()
+            self._region = None
+
+
+def _stop_processes(processes: list[Any], timeout: float) -> None:
+    """Join, then SIGTERM, then SIGKILL: every process is reaped when this returns."""
+    started = [process for process in processes if process.pid is not None]
+    deadline = time.monotonic() + timeout
+    for process in started:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in started:
+        if process.exitcode is None:
+            process.terminate()
+    for process in started:
+        process.join(1.0)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+
+
+def _to_wire(command: Command) -> Command:
+    if isinstance(command, Reset) and command.options is not None:
+        command.options = to_wire(command.options)
+    elif isinstance(command, Step) and command.actions is not None:
+        command.actions = to_wire(command.actions)
+    elif isinstance(command, Call):
+        command.args, command.kwargs = to_wire(command.args), to_wire(command.kwargs)
+    elif isinstance(command, SetAttr):
+        command.values = to_wire(command.values)
+    return command

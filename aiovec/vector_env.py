@@ -1,0 +1,630 @@
+"""``VecEnv``: N envs as one batched ``gymnasium.vector.VectorEnv``, with an async core.
+
+The async methods (:meth:`VecEnv.areset`, :meth:`VecEnv.astep`, :meth:`VecEnv.send`,
+:meth:`VecEnv.recv`) are the implementation; the synchronous Gymnasium API runs them on
+a private event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.error import NoAsyncCallError
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from aiovec._infos import add_info, batch_infos
+from aiovec._loop import ensure_no_running_loop, new_event_loop
+from aiovec._protocol import Call, Reset, SetAttr, Step
+from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
+from aiovec._spaces import check_batch, copy_buffer, is_shareable, read_rows, write_rows
+from aiovec.backends._base import Backend
+from aiovec.errors import ClosedError, EnvBusyError, NothingInFlightError
+
+BACKENDS = ("process", "inline")
+
+
+class Batch(NamedTuple):
+    """The results of the envs ``env_ids``: row ``i`` of every field belongs to ``env_ids[i]``.
+
+    ``infos`` is in Gymnasium's vector format (arrays plus ``_key`` masks) over the batch.
+    """
+
+    observations: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    infos: dict[str, Any]
+    env_ids: np.ndarray
+
+
+class VecEnv(VectorEnv):
+    """Runs ``len(env_fns)`` environments as one vector env.
+
+    A drop-in ``gymnasium.vector.VectorEnv``: ``reset``, ``step``, ``close``, ``call``,
+    ``get_attr``, ``set_attr``, ``render`` and the three autoreset modes behave as in
+    ``gymnasium.vector.AsyncVectorEnv``. On top of that it can be driven from asyncio,
+    either in lockstep (``areset``/``astep``) or first-ready (``send``/``recv``).
+
+    Args:
+        env_fns: one callable per env, each returning a new ``gymnasium.Env``. For the
+            process backend they are sent to the workers with cloudpickle, so lambdas
+            and closures work.
+        backend: ``"process"`` (envs in worker processes, data in shared memory) or
+            ``"inline"`` (envs in this process, no IPC).
+        num_workers: worker processes for the process backend; default one per CPU core
+            (at most one per env). Envs are split into contiguous, even groups.
+        copy: return copies of the observation buffers (``True``) or zero-copy views
+            that the next step overwrites (``False``; applies to whole-batch results).
+        autoreset_mode: Gymnasium's autoreset mode (``NEXT_STEP``, ``SAME_STEP`` or
+            ``DISABLED``), as the enum or its string value.
+        context: multiprocessing start method; default ``"forkserver"`` where
+            available, else ``"spawn"``.
+        loop: event loop behind the synchronous API: ``"auto"`` (uvloop if installed),
+            ``"uvloop"`` or ``"asyncio"``.
+        close_timeout: seconds :meth:`close` waits for workers before killing them.
+
+    Raises:
+        aiovec.EnvError: an env factory raised (names the env index).
+        aiovec.FactoryPicklingError: a factory cannot be sent to a worker.
+        RuntimeError: the envs do not all have the same spaces.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        *,
+        backend: str = "process",
+        num_workers: int | None = None,
+        copy: bool = True,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        context: str | None = None,
+        loop: str = "auto",
+        close_timeout: float = 5.0,
+    ) -> None:
+        self.closed = True  # until construction succeeds: close() and __del__ do nothing
+        env_fns = list(env_fns)
+        if not env_fns:
+            raise ValueError("env_fns is empty: a vector env needs at least one env factory")
+        for index, env_fn in enumerate(env_fns):
+            if not callable(env_fn):
+                raise TypeError(
+                    f"env_fns[{index}] is {env_fn!r}, not a callable; pass factories such as "
+                    "`lambda: gymnasium.make('CartPole-v1')` or use aiovec.make()"
+                )
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.num_envs = len(env_fns)
+        self.copy = copy
+        self.close_timeout = close_timeout
+        self._loop_kind = loop
+        new_event_loop(loop).close()  # reject a bad `loop` before any process starts
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: tuple[str, Any] | None = None  # for the *_async/*_wait methods
+
+        self._backend = _make_backend(backend, env_fns, self.autoreset_mode, num_workers, context)
+        self.backend = backend
+        try:
+            self._set_spaces(self._backend.descriptions)
+            self._buffers = self._backend.attach(
+                self.single_observation_space, self.single_action_space
+            )
+        except BaseException:
+            self._backend.close(0)
+            raise
+        self._scheduler = Scheduler(self._backend, self.num_envs)
+        self._observations_shared = is_shareable(self.single_observation_space)
+        self._actions_shared = is_shareable(self.single_action_space)
+        self._all_env_ids = list(range(self.num_envs))
+        self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)  # for DISABLED mode
+        self.closed = False
+
+    def _set_spaces(self, descriptions: list[tuple[Any, ...]]) -> None:
+        observation_space, action_space, metadata, render_mode, _ = descriptions[0]
+        for index, (obs_space, act_space, *_) in enumerate(descriptions):
+            if obs_space != observation_space:
+                raise RuntimeError(
+                    f"env {index} has observation_space {obs_space}, env 0 has "
+                    f"{observation_space}; all envs of a vector env must have the same spaces"
+                )
+            if act_space != action_space:
+                raise RuntimeError(
+                    f"env {index} has action_space {act_space}, env 0 has {action_space}; "
+                    "all envs of a vector env must have the same spaces"
+                )
+        self.single_observation_space = observation_space
+        self.single_action_space = action_space
+        self.observation_space = batch_space(observation_space, self.num_envs)
+        self.action_space = batch_space(action_space, self.num_envs)
+        self.metadata = dict(metadata)
+        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.render_mode = render_mode
+
+    # --- async API: lockstep ------------------------------------------------------------------
+
+    async def areset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset the envs (all, or those in ``options["reset_mask"]``) and return
+        ``(observations, infos)`` for the whole batch, like ``gymnasium`` ``reset``.
+
+        Raises:
+            aiovec.EnvBusyError: an env to reset still has a step in flight or unread.
+            aiovec.EnvError: an env raised in ``reset`` (names the env).
+        """
+        return await self._reset_wait(self._reset_submit(seed, options))
+
+    async def astep(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Step every env with ``actions`` (a batch of the ``action_space``) and return
+        ``(observations, rewards, terminations, truncations, infos)`` for the whole batch.
+
+        If the awaiting task is cancelled, the steps still complete and their results
+        can be collected with :meth:`recv`.
+        """
+        self.send(actions)
+        return await self._step_wait()
+
+    # --- async API: first-ready ---------------------------------------------------------------
+
+    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Start stepping the envs ``env_ids`` (default: all) with ``actions``; returns at once.
+
+        ``actions`` holds one action per env id, in the same order (a batch of the single
+        action space with ``len(env_ids)`` rows). Nothing is sent unless every check passes.
+
+        Raises:
+            aiovec.EnvBusyError: an env has an action in flight or an unread result.
+            ValueError / TypeError: bad env ids, or actions of the wrong shape, dtype or
+                range for the action space.
+            aiovec.ClosedError: the vector env is closed.
+        """
+        self._check_open("send")
+        env_ids, rows = self._resolve_env_ids(env_ids)
+        scheduler = self._scheduler
+        self._check_idle(env_ids, "send actions to")
+        scheduler.check_alive(env_ids)
+        if self.autoreset_mode is AutoresetMode.DISABLED and self._needs_reset[env_ids].any():
+            done = [int(i) for i in np.asarray(env_ids)[self._needs_reset[env_ids]]]
+            raise RuntimeError(
+                f"envs {done} ended their episode and autoreset_mode is DISABLED: reset them "
+                "first with reset(options={'reset_mask': mask})"
+            )
+        batch = check_batch(self.single_action_space, actions, len(env_ids))
+        per_env_actions = None
+        if self._actions_shared:
+            write_rows(self._buffers.actions, rows, batch)
+            make_step = Step
+        else:
+            per_env_actions = dict(zip(env_ids, batch))
+
+            def make_step(seq: int, group: list[int]) -> Step:
+                return Step(seq, group, [per_env_actions[i] for i in group])
+
+        scheduler.submit(env_ids, make_step, is_step=True)
+
+    async def recv(
+        self, max_envs: int | None = None, *, min_envs: int = 1, timeout: float | None = None
+    ) -> Batch:
+        """Wait for the first envs to finish and return their results as a :class:`Batch`.
+
+        Returns as soon as ``min_envs`` results are ready (or every env in flight has
+        finished, if fewer are in flight), with at most ``max_envs`` results (default:
+        all that are ready), oldest first. Every sent action yields exactly one result.
+
+        Raises:
+            aiovec.NothingInFlightError: no env has an action in flight or unread.
+            TimeoutError: ``timeout`` seconds passed first; nothing is lost, a later
+                ``recv`` returns those results.
+            aiovec.EnvError / aiovec.WorkerCrashedError: an env of the batch failed; the
+                other results stay queued for the next ``recv``.
+        """
+        self._check_open("recv")
+        scheduler = self._scheduler
+        outstanding = scheduler.num_busy + len(scheduler.ready_queue)
+        if outstanding == 0:
+            raise NothingInFlightError(
+                "recv() would wait forever: no env has an action in flight; "
+                "call send(actions, env_ids) first"
+            )
+        wanted = min(max(min_envs, 1), outstanding)
+
+        def enough_ready() -> bool:
+            return len(scheduler.ready_queue) >= wanted
+
+        if timeout is None:
+            await scheduler.wait_until(enough_ready)
+        else:
+            await asyncio.wait_for(scheduler.wait_until(enough_ready), timeout)
+        return self._take_batch(max_envs)
+
+    def recv_nowait(self, max_envs: int | None = None) -> Batch | None:
+        """The results that are ready now (at most ``max_envs``), or ``None`` if none is."""
+        self._check_open("recv")
+        self._scheduler.dispatch(self._backend.poll())
+        if not self._scheduler.ready_queue:
+            return None
+        return self._take_batch(max_envs)
+
+    def _take_batch(self, max_envs: int | None) -> Batch:
+        scheduler = self._scheduler
+        env_ids = scheduler.take_ready(max_envs or self.num_envs)
+        self._raise_first_error(env_ids)
+        observations = (
+            read_rows(self._buffers.observations, env_ids)
+            if self._observations_shared
+            else tuple(scheduler.observations[i] for i in env_ids)
+        )
+        return Batch(
+            observations,
+            self._buffers.rewards[env_ids],
+            self._buffers.terminations[env_ids],
+            self._buffers.truncations[env_ids],
+            self._collect_infos(env_ids),
+            np.asarray(env_ids, dtype=np.intp),
+        )
+
+    def _raise_first_error(self, env_ids: list[int]) -> None:
+        """If an env of ``env_ids`` failed, raise its error and requeue the others."""
+        errors = self._scheduler.errors
+        if not errors:
+            return
+        for position, env_id in enumerate(env_ids):
+            error = errors.pop(env_id, None)
+            if error is not None:
+                self._scheduler.give_back(env_ids[:position] + env_ids[position + 1 :])
+                self._scheduler.infos[env_id] = None
+                raise error
+
+    def _collect_infos(self, env_ids: list[int]) -> dict[str, Any]:
+        infos = self._scheduler.infos
+        batch = [infos[i] or {} for i in env_ids]
+        for env_id in env_ids:
+            infos[env_id] = None
+        if self.autoreset_mode is AutoresetMode.DISABLED:
+            done = self._buffers.terminations[env_ids] | self._buffers.truncations[env_ids]
+            self._needs_reset[env_ids] = done
+        return batch_infos(batch)
+
+    # --- shared pieces of lockstep stepping and resetting -----------------------------------
+
+    async def _step_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        scheduler = self._scheduler
+        waiting = scheduler.wait_until(lambda: scheduler.num_busy == 0)
+        await (waiting if timeout is None else asyncio.wait_for(waiting, timeout))
+        env_ids = sorted(scheduler.take_ready(self.num_envs))
+        try:
+            self._raise_first_error(env_ids)
+        except BaseException:
+            # A lockstep step fails as a whole: drop the other results and errors.
+            scheduler.take_ready(self.num_envs)
+            scheduler.errors.clear()
+            raise
+        infos = self._collect_infos(env_ids)
+        buffers = self._buffers
+        return (
+            self._full_observations(),
+            buffers.rewards.copy(),
+            buffers.terminations.copy(),
+            buffers.truncations.copy(),
+            infos,
+        )
+
+    def _full_observations(self) -> Any:
+        if not self._observations_shared:
+            return tuple(self._scheduler.observations)
+        return copy_buffer(self._buffers.observations) if self.copy else self._buffers.observations
+
+    def _reset_submit(
+        self, seed: int | Sequence[int | None] | None, options: dict | None
+    ) -> list[Ticket]:
+        self._check_open("reset")
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(
+                    f"If seeds are passed as a list the length must match num_envs={self.num_envs} "
+                    f"but got length={len(seeds)}."
+                )
+        options = dict(options) if options is not None else None
+        env_ids = self._all_env_ids
+        if options is not None and "reset_mask" in options:
+            env_ids = _reset_mask_ids(options.pop("reset_mask"), self.num_envs)
+        self._check_idle(env_ids, "reset")
+        self._scheduler.check_alive(env_ids)
+        tickets = self._scheduler.submit(
+            env_ids,
+            lambda seq, group: Reset(seq, group, [seeds[i] for i in group], options),
+            is_step=False,
+        )
+        self._needs_reset[env_ids] = False
+        return tickets
+
+    async def _reset_wait(
+        self, tickets: list[Ticket], timeout: float | None = None
+    ) -> tuple[Any, dict]:
+        infos: dict[str, Any] = {}
+        for ticket, reply in await self._wait_tickets(tickets, timeout):
+            if reply.infos is not None:
+                for env_id, info in zip(ticket.env_ids, reply.infos):
+                    if info:
+                        add_info(infos, info, env_id, self.num_envs)
+        return self._full_observations(), infos
+
+    async def _wait_tickets(self, tickets: list[Ticket], timeout: float | None) -> list[tuple]:
+        """Wait for control tickets; raise the first failure, else return (ticket, reply)."""
+        waiting = self._scheduler.wait_until(lambda: all(t.done for t in tickets))
+        await (waiting if timeout is None else asyncio.wait_for(waiting, timeout))
+        for ticket in tickets:
+            if ticket.failure is not None:
+                raise ticket.failure
+            for env_id in ticket.env_ids:
+                if env_id in ticket.errors:
+                    raise ticket.errors[env_id]
+        return [(ticket, ticket.reply) for ticket in tickets]
+
+    # --- calls and attributes -------------------------------------------------------------
+
+    async def acall(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name`` (or read attribute ``name``) on every env; one result per env."""
+        return await self._call_wait(self._call_submit(name, args, kwargs))
+
+    def _call_submit(self, name: str, args: tuple, kwargs: dict) -> list[Ticket]:
+        self._check_open(f"call {name!r}")
+        self._scheduler.check_alive(self._all_env_ids)
+        return self._scheduler.submit(
+            self._all_env_ids,
+            lambda seq, group: Call(seq, group, name, args, kwargs),
+            is_step=False,
+        )
+
+    async def _call_wait(self, tickets: list[Ticket], timeout: float | None = None) -> tuple:
+        results: list[Any] = [None] * self.num_envs
+        for ticket, reply in await self._wait_tickets(tickets, timeout):
+            for env_id, value in zip(ticket.env_ids, reply.values):
+                results[env_id] = value
+        return tuple(results)
+
+    async def aset_attr(self, name: str, values: Any) -> None:
+        """Set attribute ``name`` on every env: ``values`` per env (list/tuple) or one for all."""
+        self._check_open(f"set_attr {name!r}")
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(
+                "Values must be a list or tuple with length equal to the number of environments. "
+                f"Got `{len(values)}` values for {self.num_envs} environments."
+            )
+        self._scheduler.check_alive(self._all_env_ids)
+        tickets = self._scheduler.submit(
+            self._all_env_ids,
+            lambda seq, group: SetAttr(seq, group, name, [values[i] for i in group]),
+            is_step=False,
+        )
+        await self._wait_tickets(tickets, None)
+
+    # --- the synchronous Gymnasium API --------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset all envs (or ``options["reset_mask"]``); see :meth:`areset`."""
+        ensure_no_running_loop("reset", "areset")
+        return self._run(self.areset(seed=seed, options=options))
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Step every env; see :meth:`astep`."""
+        ensure_no_running_loop("step", "astep")
+        return self._run(self.astep(actions))
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call ``name`` on every env (or read it, if not callable); see :meth:`acall`."""
+        ensure_no_running_loop("call", "acall")
+        return self._run(self.acall(name, *args, **kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """The attribute ``name`` of every env."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute ``name`` on every env; see :meth:`aset_attr`."""
+        ensure_no_running_loop("set_attr", "aset_attr")
+        self._run(self.aset_attr(name, values))
+
+    def render(self) -> tuple[Any, ...] | None:
+        """The frames rendered by every env."""
+        return self.call("render")
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        """The seed of each env's random generator."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """Each env's random generator (copies: changing them does not affect the envs)."""
+        return self.get_attr("np_random")
+
+    # Gymnasium AsyncVectorEnv's split calls, for code written against it.
+
+    def reset_async(
+        self, seed: int | Sequence[int | None] | None = None, options: dict | None = None
+    ) -> None:
+        """Start a reset; finish it with :meth:`reset_wait`."""
+        self._begin("reset", self._reset_submit(seed, options))
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict]:
+        """Finish :meth:`reset_async`."""
+        return self._run(self._reset_wait(self._end("reset"), timeout))
+
+    def step_async(self, actions: Any) -> None:
+        """Start a step of every env; finish it with :meth:`step_wait`."""
+        self._begin("step", None)
+        try:
+            self.send(actions)
+        except BaseException:
+            self._pending = None
+            raise
+
+    def step_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """Finish :meth:`step_async`."""
+        self._end("step")
+        return self._run(self._step_wait(timeout))
+
+    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Start a call on every env; finish it with :meth:`call_wait`."""
+        self._begin("call", self._call_submit(name, args, kwargs))
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """Finish :meth:`call_async`."""
+        return self._run(self._call_wait(self._end("call"), timeout))
+
+    def _begin(self, kind: str, state: Any) -> None:
+        self._check_open(kind)
+        if self._pending is not None:
+            raise EnvBusyError(
+                f"cannot start {kind}_async: a {self._pending[0]}_async call is pending; "
+                f"call {self._pending[0]}_wait() first"
+            )
+        self._pending = (kind, state)
+
+    def _end(self, kind: str) -> Any:
+        ensure_no_running_loop(f"{kind}_wait", f"a{kind}")
+        self._check_open(f"{kind}_wait")
+        if self._pending is None or self._pending[0] != kind:
+            raise NoAsyncCallError(
+                f"Calling `{kind}_wait` without any prior call to `{kind}_async`.", kind
+            )
+        state, self._pending = self._pending[1], None
+        return state
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _run(self, coroutine: Any) -> Any:
+        if self._loop is None:
+            self._loop = new_event_loop(self._loop_kind)
+        try:
+            return self._loop.run_until_complete(coroutine)
+        except KeyboardInterrupt:
+            self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
+            raise
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False, **_: Any) -> None:
+        """Stop the workers (waiting up to ``timeout``, default ``close_timeout``, then
+        killing them) and release shared memory. Idempotent."""
+        if terminate:
+            timeout = 0
+        self._backend.close(self.close_timeout if timeout is None else timeout)
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def close(self, **kwargs: Any) -> None:
+        """Close the envs and release every process and shared segment. Idempotent."""
+        if getattr(self, "closed", True):
+            return
+        try:
+            self.close_extras(**kwargs)
+        finally:
+            self.closed = True
+
+    def __enter__(self) -> VecEnv:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> VecEnv:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self.close(terminate=True)
+
+    def __repr__(self) -> str:
+        name = f"{self.spec.id}, " if self.spec is not None else ""
+        return f"VecEnv({name}num_envs={self.num_envs}, backend={self.backend!r})"
+
+    # --- checks -----------------------------------------------------------------------------
+
+    def _check_open(self, operation: str) -> None:
+        if self.closed:
+            raise ClosedError(operation)
+
+    def _check_idle(self, env_ids: Sequence[int], operation: str) -> None:
+        state = self._scheduler.state[env_ids]
+        if (state != IDLE).any():
+            busy = [int(i) for i in np.asarray(env_ids)[state != IDLE]]
+            in_flight = [i for i in busy if self._scheduler.state[i] == BUSY]
+            unread = [i for i in busy if i not in in_flight]
+            detail = []
+            if in_flight:
+                detail.append(f"envs {in_flight} still have an action in flight")
+            if unread:
+                detail.append(f"envs {unread} have a result not yet taken by recv()")
+            raise EnvBusyError(
+                f"cannot {operation} these envs: {'; '.join(detail)}. "
+                "Await recv() to collect their results first."
+            )
+
+    def _resolve_env_ids(self, env_ids: Any) -> tuple[list[int], Any]:
+        """``(env_ids as a list, the matching row index for buffers)``."""
+        if env_ids is None:
+            return self._all_env_ids, slice(None)
+        ids = np.asarray(env_ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
+        if ids.size == 0:
+            raise ValueError("env_ids is empty: send at least one env id")
+        if ids.min() < 0 or ids.max() >= self.num_envs:
+            raise ValueError(f"env_ids {ids.tolist()} contains ids outside 0..{self.num_envs - 1}")
+        if np.unique(ids).size != ids.size:
+            raise ValueError(f"env_ids {ids.tolist()} contains duplicates")
+        as_list = ids.tolist()
+        return as_list, as_list
+
+
+def _make_backend(
+    name: str,
+    env_fns: list[Callable[[], gym.Env]],
+    autoreset_mode: AutoresetMode,
+    num_workers: int | None,
+    context: str | None,
+) -> Backend:
+    if name == "inline":
+        from aiovec.backends.inline import InlineBackend
+
+        return InlineBackend(env_fns, autoreset_mode)
+    from aiovec.backends.process import ProcessBackend
+
+    return ProcessBackend(env_fns, autoreset_mode, num_workers=num_workers, context=context)
+
+
+def _reset_mask_ids(reset_mask: Any, num_envs: int) -> list[int]:
+    if not isinstance(reset_mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(reset_mask)}")
+    if reset_mask.shape != (num_envs,):
+        raise ValueError(
+            f"`options['reset_mask']` must have shape `({num_envs},)`, got {reset_mask.shape}"
+        )
+    if reset_mask.dtype != np.bool_:
+        raise TypeError(
+            f"`options['reset_mask']` must have `dtype=np.bool_`, got {reset_mask.dtype}"
+        )
+    if not reset_mask.any():
+        raise ValueError(
+            "`options['reset_mask']` must contain a boolean array with at least one True value, "
+            f"got reset_mask={reset_mask}"
+        )
+    return np.flatnonzero(reset_mask).tolist()

@@ -1,0 +1,43 @@
+"""Fixtures shared by the tests: leak checks for processes and shared memory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+BACKENDS = ["inline", "process"]
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def worker_pids(venv) -> list[int]:
+    processes = getattr(venv._backend, "_processes", [])
+    return [process.pid for process in processes if process.pid is not None]
+
+
+def shm_entries() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def no_leaks():
+    """Fails the test if it leaves a /dev/shm segment behind."""
+    before = shm_entries()
+    yield
+    assert shm_entries() - before == set()

@@ -1,0 +1,95 @@
+"""Small, deterministic envs used by the tests (importable by worker processes)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class SpacesEnv(gym.Env):
+    """Random observations of any space, random episode ends, and varied infos.
+
+    Everything is drawn from generators seeded by ``reset(seed=...)``, so two copies
+    reset with the same seed and fed the same actions produce identical data.
+    """
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(
+        self,
+        observation_space: spaces.Space | None = None,
+        action_space: spaces.Space | None = None,
+        max_steps: int = 12,
+        render_mode: str | None = None,
+    ) -> None:
+        # Own copies: a space samples from its own generator, which must not be shared.
+        self.observation_space = copy.deepcopy(observation_space) or spaces.Box(-1, 1, (3,))
+        self.action_space = copy.deepcopy(action_space) or spaces.Discrete(3)
+        self.max_steps = max_steps
+        self.render_mode = render_mode
+        self.steps = 0
+        self.level = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.observation_space.seed(int(self.np_random.integers(2**31)))
+        self.steps = 0
+        info = {"reset_count": 1, "options": dict(options) if options else None}
+        return self.observation_space.sample(), info
+
+    def step(self, action):
+        assert self.action_space.contains(action), f"bad action {action!r}"
+        self.steps += 1
+        terminated = bool(self.np_random.random() < 0.15)
+        truncated = self.steps >= self.max_steps
+        info = {
+            "step": self.steps,
+            "value": float(self.np_random.random()),
+            "vector": np.full(2, self.steps, dtype=np.int32),
+            "nested": {"x": np.float32(self.steps / 2)},
+        }
+        if self.steps % 2:
+            info["odd"] = "yes"
+            info["pair"] = (self.steps, "odd")
+        return self.observation_space.sample(), float(self.steps), terminated, truncated, info
+
+    def render(self):
+        return np.full((2, 2, 3), self.steps, dtype=np.uint8)
+
+    def scale(self, factor: int) -> int:
+        return self.steps * factor
+
+
+class CounterEnv(gym.Env):
+    """Observation ``[env_index, step]`` and reward ``step``: results can be traced to their env.
+
+    Optionally sleeps ``delay`` seconds per step (or a random delay in ``delay_range``).
+    """
+
+    def __init__(self, env_index: int = 0, delay: float = 0.0, delay_range=None) -> None:
+        self.env_index = env_index
+        self.delay = delay
+        self.delay_range = delay_range
+        self.observation_space = spaces.Box(0, np.inf, (2,), np.float64)
+        self.action_space = spaces.Discrete(2)
+        self.count = 0
+        self._rng = np.random.default_rng(env_index)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return np.array([self.env_index, 0], dtype=np.float64), {}
+
+    def step(self, action):
+        if self.delay_range is not None:
+            time.sleep(self._rng.uniform(*self.delay_range))
+        elif self.delay:
+            time.sleep(self.delay)
+        self.count += 1
+        observation = np.array([self.env_index, self.count], dtype=np.float64)
+        return observation, float(self.count), False, False, {"action": int(action)}

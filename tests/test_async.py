@@ -1,0 +1,202 @@
+"""The asyncio API: lockstep areset/astep and first-ready send/recv."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from functools import partial
+
+import numpy as np
+import pytest
+from gymnasium.error import NoAsyncCallError
+
+import aiovec
+from tests.envs import CounterEnv, SpacesEnv
+
+
+def counter_envs(count: int, **kwargs) -> list:
+    return [partial(CounterEnv, i, **kwargs) for i in range(count)]
+
+
+async def test_astep_matches_step(backend):
+    env_fns = [SpacesEnv for _ in range(4)]
+    with aiovec.VecEnv(env_fns, backend="inline") as reference:
+        expected_reset = await reference.areset(seed=3)
+        expected_step = await reference.astep(np.array([0, 1, 2, 1]))
+    async with aiovec.VecEnv(env_fns, backend=backend) as venv:
+        observations, infos = await venv.areset(seed=3)
+        np.testing.assert_array_equal(observations, expected_reset[0])
+        result = await venv.astep(np.array([0, 1, 2, 1]))
+    np.testing.assert_array_equal(result[0], expected_step[0])
+    np.testing.assert_array_equal(result[1], expected_step[1])
+    assert result[4].keys() == expected_step[4].keys()
+
+
+async def test_first_ready_returns_fast_envs_first():
+    delays = [0.3, 0.0, 0.3, 0.0]
+    env_fns = [partial(CounterEnv, i, delay=d) for i, d in enumerate(delays)]
+    async with aiovec.VecEnv(env_fns, num_workers=4) as venv:
+        await venv.areset()
+        venv.send(np.zeros(4, dtype=np.int64))
+        first = await venv.recv(max_envs=2, min_envs=2)
+        assert sorted(first.env_ids.tolist()) == [1, 3]
+        np.testing.assert_array_equal(first.observations[:, 0], first.env_ids)
+        assert venv.recv_nowait() is None  # the slow envs are still sleeping
+        venv.send(np.ones(2, dtype=np.int64), env_ids=first.env_ids)  # fast envs go again
+        second = await venv.recv(max_envs=2, min_envs=2)
+        assert sorted(second.env_ids.tolist()) == [1, 3]
+        np.testing.assert_array_equal(second.rewards, [2.0, 2.0])
+        third = await venv.recv(min_envs=2)
+        assert sorted(third.env_ids.tolist()) == [0, 2]
+        np.testing.assert_array_equal(third.rewards, [1.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    "backend, num_workers", [("inline", None), ("process", 1), ("process", 3), ("process", 6)]
+)
+async def test_every_action_gets_exactly_one_result(backend, num_workers):
+    """Thousands of random send/recv rounds: nothing lost, duplicated or mixed up."""
+    num_envs = 6
+    rng = random.Random(num_workers)
+    options = {"num_workers": num_workers} if backend == "process" else {}
+    async with aiovec.VecEnv(counter_envs(num_envs), backend=backend, **options) as venv:
+        await venv.areset()
+        idle = set(range(num_envs))
+        steps_sent = [0] * num_envs
+        steps_received = [0] * num_envs
+        for _ in range(2000 if backend == "process" else 4000):
+            if idle and (rng.random() < 0.6 or len(idle) == num_envs):
+                chosen = rng.sample(sorted(idle), rng.randint(1, len(idle)))
+                actions = np.array([steps_sent[i] % 2 for i in chosen])
+                venv.send(actions, env_ids=chosen)
+                for env_id in chosen:
+                    steps_sent[env_id] += 1
+                idle -= set(chosen)
+            else:
+                batch = await venv.recv(max_envs=rng.randint(1, num_envs))
+                assert len(batch.env_ids) >= 1 and len(set(batch.env_ids.tolist())) == len(
+                    batch.env_ids
+                )
+                for row, env_id in enumerate(batch.env_ids.tolist()):
+                    assert env_id not in idle, f"env {env_id} returned a result twice"
+                    steps_received[env_id] += 1
+                    # the result belongs to this env and to the latest action sent to it
+                    assert batch.observations[row].tolist() == [env_id, steps_received[env_id]]
+                    assert batch.rewards[row] == steps_received[env_id]
+                    assert batch.infos["action"][row] == (steps_received[env_id] - 1) % 2
+                    idle.add(env_id)
+        while len(idle) < num_envs:
+            batch = await venv.recv()
+            for env_id in batch.env_ids.tolist():
+                steps_received[env_id] += 1
+                idle.add(env_id)
+        assert steps_received == steps_sent
+        assert venv.recv_nowait() is None
+
+
+async def test_recv_timeout_and_cancellation_lose_nothing():
+    async with aiovec.VecEnv(counter_envs(2, delay=0.3), num_workers=2) as venv:
+        await venv.areset()
+        venv.send([0, 1])
+        with pytest.raises(TimeoutError):
+            await venv.recv(timeout=0.01)
+        task = asyncio.ensure_future(venv.recv(min_envs=2))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        batch = await venv.recv(min_envs=2)
+        assert sorted(batch.env_ids.tolist()) == [0, 1]
+        assert batch.infos["action"].tolist() == [0, 1] if batch.env_ids[0] == 0 else [1, 0]
+
+
+async def test_recv_with_nothing_in_flight_raises_at_once(backend):
+    async with aiovec.VecEnv(counter_envs(2), backend=backend) as venv:
+        await venv.areset()
+        with pytest.raises(aiovec.NothingInFlightError, match="send"):
+            await venv.recv()
+
+
+async def test_send_to_busy_env_is_rejected_and_changes_nothing(backend):
+    async with aiovec.VecEnv(counter_envs(3), backend=backend) as venv:
+        await venv.areset()
+        venv.send([1], env_ids=[1])
+        with pytest.raises(aiovec.EnvBusyError, match=r"envs \[1\]"):
+            venv.send([0, 0], env_ids=[0, 1])
+        with pytest.raises(aiovec.EnvBusyError):
+            await venv.astep([0, 0, 0])
+        with pytest.raises(aiovec.EnvBusyError):
+            await venv.areset()
+        batch = await venv.recv()
+        assert batch.env_ids.tolist() == [1]
+        assert batch.rewards.tolist() == [1.0]
+        # env 0 was never stepped: its first result is step 1
+        result = await venv.astep([0, 0, 0])
+        assert result[1].tolist() == [1.0, 2.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "env_ids, error",
+    [
+        ([0, 0], ValueError),
+        ([3], ValueError),
+        ([-1], ValueError),
+        ([], ValueError),
+        ([0.5], TypeError),
+    ],
+)
+async def test_bad_env_ids_are_rejected(backend, env_ids, error):
+    async with aiovec.VecEnv(counter_envs(3), backend=backend) as venv:
+        await venv.areset()
+        with pytest.raises(error, match="env_ids"):
+            venv.send(np.zeros(len(env_ids), dtype=np.int64), env_ids=env_ids)
+        assert venv._scheduler.num_busy == 0
+
+
+async def test_sync_methods_inside_event_loop_are_rejected(backend):
+    async with aiovec.VecEnv(counter_envs(2), backend=backend) as venv:
+        with pytest.raises(aiovec.SyncCallInEventLoopError, match="await venv.areset"):
+            venv.reset()
+        await venv.areset()
+        with pytest.raises(aiovec.SyncCallInEventLoopError, match="await venv.astep"):
+            venv.step([0, 0])
+        assert await venv.acall("env_index") == (0, 1)
+
+
+async def test_subset_reset_in_first_ready_mode(backend):
+    async with aiovec.VecEnv(counter_envs(3), backend=backend) as venv:
+        await venv.areset()
+        await venv.astep([0, 0, 0])
+        venv.send([1], env_ids=[2])  # env 2 keeps running while 0 is reset
+        observations, _ = await venv.areset(options={"reset_mask": np.array([True, False, False])})
+        assert observations[0].tolist() == [0, 0]
+        assert observations[1].tolist() == [1, 1]
+        batch = await venv.recv()
+        assert batch.env_ids.tolist() == [2]
+
+
+def test_gymnasium_split_calls(backend):
+    with aiovec.VecEnv(counter_envs(2), backend=backend) as venv:
+        with pytest.raises(NoAsyncCallError):
+            venv.step_wait()
+        venv.reset_async(seed=1)
+        with pytest.raises(aiovec.EnvBusyError, match="reset_wait"):
+            venv.step_async([0, 0])
+        observations, _ = venv.reset_wait()
+        assert observations.tolist() == [[0, 0], [1, 0]]
+        venv.step_async([1, 0])
+        observations, rewards, *_ = venv.step_wait()
+        assert rewards.tolist() == [1.0, 1.0]
+        venv.call_async("env_index")
+        assert venv.call_wait() == (0, 1)
+
+
+def test_copy_false_returns_views_copy_true_returns_copies(backend):
+    with aiovec.VecEnv(counter_envs(2), backend=backend, copy=False) as venv:
+        first, _ = venv.reset()
+        venv.step([0, 0])
+        assert first[:, 1].tolist() == [1, 1]  # the view saw the step
+    with aiovec.VecEnv(counter_envs(2), backend=backend, copy=True) as venv:
+        first, _ = venv.reset()
+        venv.step([0, 0])
+        assert first[:, 1].tolist() == [0, 0]

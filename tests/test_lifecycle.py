@@ -1,0 +1,221 @@
+"""Construction, errors, closing, and what is left behind (nothing)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import aiovec
+from tests.conftest import pid_alive, worker_pids
+from tests.envs import CounterEnv, SpacesEnv
+
+
+class RaisingEnv(CounterEnv):
+    """Raises on its ``fail_at``-th step."""
+
+    def __init__(self, env_index: int = 0, fail_at: int = 2) -> None:
+        super().__init__(env_index)
+        self.fail_at = fail_at
+
+    def step(self, action):
+        if self.count + 1 == self.fail_at:
+            raise ValueError(f"boom at step {self.fail_at}")
+        return super().step(action)
+
+
+class ExitingEnv(CounterEnv):
+    def step(self, action):
+        os._exit(3)
+
+
+def failing_factory():
+    raise RuntimeError("simulator licence not found")
+
+
+def test_close_is_idempotent_and_leaves_nothing(backend, no_leaks):
+    venv = aiovec.make("CartPole-v1", 4, backend=backend, num_workers=2)
+    pids = worker_pids(venv)
+    assert len(pids) == (2 if backend == "process" else 0)
+    venv.reset(seed=0)
+    venv.step(np.zeros(4, dtype=np.int64))
+    venv.close()
+    venv.close()
+    assert venv.closed
+    assert not any(pid_alive(pid) for pid in pids)
+    for call in (venv.reset, lambda: venv.step([0] * 4), lambda: venv.send([0] * 4)):
+        with pytest.raises(aiovec.ClosedError, match="closed"):
+            call()
+    with pytest.raises(gym.error.ClosedEnvironmentError):  # what gymnasium users catch
+        venv.call("render")
+
+
+async def test_async_context_manager_closes(no_leaks):
+    async with aiovec.make("CartPole-v1", 2) as venv:
+        await venv.areset()
+        pids = worker_pids(venv)
+    assert venv.closed
+    assert not any(pid_alive(pid) for pid in pids)
+    with pytest.raises(aiovec.ClosedError):
+        await venv.recv()
+
+
+def test_close_while_steps_are_in_flight(no_leaks):
+    venv = aiovec.VecEnv([partial(CounterEnv, i, delay=5.0) for i in range(2)], num_workers=2)
+    pids = worker_pids(venv)
+    venv.reset()
+    venv.send([0, 0])
+    started = time.monotonic()
+    venv.close(timeout=0.2)
+    assert time.monotonic() - started < 4.0
+    assert not any(pid_alive(pid) for pid in pids)
+
+
+def test_env_error_names_env_and_carries_traceback(backend):
+    env_fns = [partial(CounterEnv, 0), partial(RaisingEnv, 1, fail_at=2), partial(CounterEnv, 2)]
+    with aiovec.VecEnv(env_fns, backend=backend) as venv:
+        venv.reset()
+        venv.step([0, 0, 0])
+        with pytest.raises(aiovec.EnvError) as caught:
+            venv.step([0, 0, 0])
+        error = caught.value
+        assert error.env_index == 1 and error.operation == "step"
+        assert error.exc_type == "ValueError" and error.exc_message == "boom at step 2"
+        assert "raise ValueError" in error.worker_traceback
+        assert "env 1 raised ValueError in step(): boom at step 2" in str(error)
+        # the other envs were not disturbed
+        assert venv.get_attr("count") == (2, 1, 2)
+
+
+async def test_env_error_in_first_ready_mode_keeps_other_results(backend):
+    env_fns = [partial(RaisingEnv, 0, fail_at=1), partial(CounterEnv, 1)]
+    async with aiovec.VecEnv(env_fns, backend=backend, num_workers=1) as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        with pytest.raises(aiovec.EnvError, match="env 0"):
+            await venv.recv(min_envs=2)
+        batch = await venv.recv()
+        assert batch.env_ids.tolist() == [1]
+
+
+def test_factory_error_names_env(backend):
+    env_fns = [partial(CounterEnv, 0), failing_factory]
+    with pytest.raises(aiovec.EnvError, match="env 1 raised RuntimeError in make") as caught:
+        aiovec.VecEnv(env_fns, backend=backend)
+    assert "simulator licence not found" in caught.value.worker_traceback
+
+
+def test_unpicklable_factory_is_rejected_before_start():
+    lock = threading.Lock()
+
+    def factory():
+        with lock:
+            return CounterEnv()
+
+    with pytest.raises(aiovec.FactoryPicklingError, match="env 0") as caught:
+        aiovec.VecEnv([factory])
+    assert "backend='inline'" in str(caught.value)
+
+
+def test_unknown_env_id_is_rejected():
+    with pytest.raises(gym.error.Error, match="NotAnEnv"):
+        aiovec.make("NotAnEnv-v0", 2)
+
+
+def test_mismatched_spaces_are_rejected(backend):
+    from gymnasium import spaces
+
+    env_fns = [SpacesEnv, partial(SpacesEnv, spaces.Box(0, 1, (4,)))]
+    with pytest.raises(RuntimeError, match="env 1 has observation_space"):
+        aiovec.VecEnv(env_fns, backend=backend)
+
+
+@pytest.mark.parametrize(
+    "actions, error",
+    [
+        (np.zeros(3, dtype=np.int64), ValueError),  # wrong batch size
+        (np.zeros((2, 1), dtype=np.int64), ValueError),  # wrong shape
+        (np.array([0.5, 1.0]), TypeError),  # floats for a discrete space
+        (np.array([0, 7]), ValueError),  # outside Discrete(3)
+    ],
+)
+def test_bad_actions_are_rejected_before_anything_changes(backend, actions, error):
+    with aiovec.VecEnv([SpacesEnv, SpacesEnv], backend=backend) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(error, match="actions"):
+            venv.step(actions)
+        assert venv.get_attr("steps") == (0, 0)
+        venv.step(np.array([1, 2]))
+        assert venv.get_attr("steps") == (1, 1)
+
+
+def test_bad_observation_is_reported_not_written(backend):
+    class WrongShapeEnv(CounterEnv):
+        def step(self, action):
+            observation, *rest = super().step(action)
+            return np.zeros(5), *rest
+
+    with aiovec.VecEnv([WrongShapeEnv], backend=backend) as venv:
+        venv.reset()
+        with pytest.raises(aiovec.EnvError, match="observation_space"):
+            venv.step([0])
+
+
+def test_worker_crash_is_reported_with_exit_code():
+    env_fns = [partial(CounterEnv, 0), partial(ExitingEnv, 1)]
+    with aiovec.VecEnv(env_fns, num_workers=2) as venv:
+        venv.reset()
+        with pytest.raises(
+            aiovec.WorkerCrashedError, match=r"worker 1 hosting envs \[1\].*exit code 3"
+        ):
+            venv.step([0, 0])
+        with pytest.raises(aiovec.WorkerCrashedError):
+            venv.step([0, 0])
+
+
+def test_workers_die_when_the_parent_is_killed(tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, time
+            import aiovec
+
+            if __name__ == "__main__":
+                venv = aiovec.make("CartPole-v1", 4, num_workers=2)
+                venv.reset()
+                pids = [p.pid for p in venv._backend._processes]
+                print(" ".join(map(str, pids)), flush=True)
+                time.sleep(60)
+            """
+        )
+    )
+    before = set(os.listdir("/dev/shm"))
+    agent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        pids = [int(pid) for pid in agent.stdout.readline().split()]
+        assert len(pids) == 2 and all(pid_alive(pid) for pid in pids)
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(pid_alive(pid) for pid in pids)
+        assert set(os.listdir("/dev/shm")) - before == set()
+    finally:
+        agent.kill()
+        agent.wait()
