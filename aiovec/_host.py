@@ -17,7 +17,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._buffers import Buffers
 from aiovec._protocol import Call, Command, ErrorInfo, Reply, Reset, SetAttr, Step
-from aiovec._spaces import is_shareable, read_row, write_row
+from aiovec._spaces import is_shareable, read_row, row_writer
 
 
 def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
@@ -71,13 +71,20 @@ class EnvHost:
     ) -> None:
         self.envs = envs
         self.autoreset_mode = autoreset_mode
-        self.buffers = buffers  # may be attached later, before the first command
         self._observation_space = next(iter(envs.values())).observation_space
         self._needs_reset = dict.fromkeys(envs, False)
         # Observations of spaces that are not in shared memory, sent back in the reply.
         self._observations: dict[int, Any] | None = (
             None if is_shareable(self._observation_space) else {}
         )
+        if buffers is not None:
+            self.attach(buffers)
+
+    def attach(self, buffers: Buffers) -> None:
+        """Use ``buffers`` for actions and results; required before the first command."""
+        self.buffers = buffers
+        if self._observations is None:
+            self._write_row = row_writer(self._observation_space, buffers.observations)
 
     def execute(self, command: Command) -> Reply:
         """Run ``command`` on each of its envs and describe the outcome."""
@@ -168,7 +175,7 @@ class EnvHost:
             self._observations[env_id] = observation
             return
         try:
-            write_row(self._observation_space, self.buffers.observations, env_id, observation)
+            self._write_row(env_id, observation)
         except (ValueError, TypeError) as exc:
             raise ValueError(
                 f"the env returned an observation that does not fit its observation_space: {exc}"

@@ -1,10 +1,14 @@
-"""The private event loop behind the synchronous API."""
+"""Choosing the event loop: uvloop when installed, asyncio otherwise."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from aiovec.errors import SyncCallInEventLoopError
+
+T = TypeVar("T")
 
 LOOP_KINDS = ("auto", "uvloop", "asyncio")
 
@@ -36,3 +40,28 @@ def ensure_no_running_loop(method: str, async_method: str) -> None:
         f"{method}() blocks and was called from inside a running event loop; "
         f"use `await venv.{async_method}(...)` there instead"
     )
+
+
+def run(main: Coroutine[Any, Any, T], *, loop: str = "auto") -> T:
+    """Run ``main`` to completion on a new event loop of kind ``loop`` and close it.
+
+    Like :func:`asyncio.run`, with uvloop chosen automatically when it is installed.
+
+    Example:
+        >>> import aiovec
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 2, backend="inline") as envs:
+        ...         observations, _ = await envs.areset(seed=0)
+        ...         return observations.shape
+        >>> aiovec.run(main())
+        (2, 4)
+    """
+    if hasattr(asyncio, "Runner"):  # Python >= 3.11
+        with asyncio.Runner(loop_factory=lambda: new_event_loop(loop)) as runner:
+            return runner.run(main)
+    event_loop = new_event_loop(loop)
+    try:
+        return event_loop.run_until_complete(main)
+    finally:
+        event_loop.run_until_complete(event_loop.shutdown_asyncgens())
+        event_loop.close()

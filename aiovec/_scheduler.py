@@ -12,6 +12,7 @@ Messages are applied synchronously (:meth:`Scheduler.dispatch`), never across an
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,12 +49,16 @@ class Scheduler:
         self.worker_of = np.empty(num_envs, dtype=np.intp)
         for worker, group in enumerate(backend.groups):
             self.worker_of[group] = worker
+        self.all_env_ids = list(range(num_envs))
+        self._all_groups = {worker: list(group) for worker, group in enumerate(backend.groups)}
         self.ready_queue: deque[int] = deque()
         self.num_busy = 0
         self.infos: list[dict | None] = [None] * num_envs
         self.errors: dict[int, Exception] = {}  # env id -> failure to report instead of a result
         self.observations: list[Any] = [None] * num_envs  # for spaces not in shared memory
         self.dead_workers: dict[int, WorkerCrashedError] = {}
+        #: Set while the synchronous API drives a coroutine: waits block instead of awaiting.
+        self.blocking = False
         self._tickets: dict[int, Ticket] = {}
         self._sequence = itertools.count(1)
 
@@ -61,6 +66,8 @@ class Scheduler:
 
     def split(self, env_ids: Iterable[int]) -> dict[int, list[int]]:
         """``env_ids`` grouped by worker, order kept within each group."""
+        if env_ids is self.all_env_ids:
+            return self._all_groups
         groups: dict[int, list[int]] = {}
         worker_of = self.worker_of
         for env_id in env_ids:
@@ -95,10 +102,26 @@ class Scheduler:
 
     # --- receiving ----------------------------------------------------------------------
 
-    async def wait_until(self, condition: Callable[[], bool]) -> None:
-        """Apply backend messages until ``condition()`` holds."""
+    async def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> None:
+        """Apply backend messages until ``condition()`` holds.
+
+        With :attr:`blocking` set (the synchronous API), waits block in the kernel and
+        the coroutine never suspends; otherwise they await the running event loop.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first (nothing is lost).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not condition():
-            self.dispatch(await self.backend.wait())
+            remaining = None
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no result within {timeout} s")
+            if self.blocking:
+                self.dispatch(self.backend.wait_blocking(remaining))
+            else:
+                self.dispatch(await self.backend.wait(remaining))
 
     def dispatch(self, messages: list[Message]) -> None:
         """Apply what the workers said: finish tickets, fill the ready-queue."""

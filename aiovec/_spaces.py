@@ -8,7 +8,7 @@ Dict/Tuple. Row ``i`` belongs to env ``i``. Spaces that have no fixed-size array
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import singledispatch
 from typing import Any
 
@@ -39,47 +39,62 @@ def allocate(space: spaces.Space, num_envs: int, allocator: Any) -> Any:
 
 
 @singledispatch
-def write_row(space: spaces.Space, buffer: Any, index: int, value: Any) -> None:
-    """Write ``value`` (one env's sample of ``space``) into row ``index`` of ``buffer``.
+def row_writer(space: spaces.Space, buffer: Any) -> Callable[[int, Any], None]:
+    """A function ``write(index, value)`` storing one sample of ``space`` in row ``index``.
 
-    Raises:
-        ValueError: ``value`` does not have the shape of ``space`` or a dtype that
-            converts to it without changing kind; the buffer is left as it was.
+    ``write`` raises ValueError, leaving the buffer as it was, when ``value`` does not
+    have the shape of ``space`` or has a dtype that does not convert to it within kind.
+    Built once per space so the per-step cost is a few comparisons and one copy.
     """
     raise TypeError(f"{type(space).__name__} is not a shareable space")
 
 
-@write_row.register(spaces.Box)
-@write_row.register(spaces.Discrete)
-@write_row.register(spaces.MultiDiscrete)
-@write_row.register(spaces.MultiBinary)
-def _write_array_row(space: spaces.Space, buffer: np.ndarray, index: int, value: Any) -> None:
-    array = np.asarray(value)
-    if array.shape != space.shape:
-        raise ValueError(
-            f"expected shape {space.shape} for {space}, got shape {array.shape} "
-            f"(value {_preview(value)})"
-        )
-    if array.dtype != space.dtype and not np.can_cast(array.dtype, space.dtype, "same_kind"):
-        raise ValueError(f"expected dtype {space.dtype} for {space}, got dtype {array.dtype}")
-    buffer[index] = array
+@row_writer.register(spaces.Box)
+@row_writer.register(spaces.Discrete)
+@row_writer.register(spaces.MultiDiscrete)
+@row_writer.register(spaces.MultiBinary)
+def _array_row_writer(space: spaces.Space, buffer: np.ndarray) -> Callable[[int, Any], None]:
+    shape, dtype = space.shape, space.dtype
+
+    def write(index: int, value: Any) -> None:
+        array = value if type(value) is np.ndarray else np.asarray(value)
+        if array.shape != shape:
+            raise ValueError(
+                f"expected shape {shape} for {space}, got shape {array.shape} "
+                f"(value {_preview(value)})"
+            )
+        if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind"):
+            raise ValueError(f"expected dtype {dtype} for {space}, got dtype {array.dtype}")
+        buffer[index] = array
+
+    return write
 
 
-@write_row.register(spaces.Dict)
-def _write_dict_row(space: spaces.Dict, buffer: dict, index: int, value: Any) -> None:
-    if not isinstance(value, dict) or value.keys() != space.spaces.keys():
-        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
-        raise ValueError(f"expected a dict with keys {sorted(space.spaces)}, got {keys}")
-    for key, subspace in space.spaces.items():
-        write_row(subspace, buffer[key], index, value[key])
+@row_writer.register(spaces.Dict)
+def _dict_row_writer(space: spaces.Dict, buffer: dict) -> Callable[[int, Any], None]:
+    writers = {key: row_writer(sub, buffer[key]) for key, sub in space.spaces.items()}
+
+    def write(index: int, value: Any) -> None:
+        if not isinstance(value, dict) or value.keys() != writers.keys():
+            keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise ValueError(f"expected a dict with keys {sorted(writers)}, got {keys}")
+        for key, write_item in writers.items():
+            write_item(index, value[key])
+
+    return write
 
 
-@write_row.register(spaces.Tuple)
-def _write_tuple_row(space: spaces.Tuple, buffer: tuple, index: int, value: Any) -> None:
-    if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
-        raise ValueError(f"expected a tuple of {len(space.spaces)} items, got {_preview(value)}")
-    for subspace, subbuffer, item in zip(space.spaces, buffer, value):
-        write_row(subspace, subbuffer, index, item)
+@row_writer.register(spaces.Tuple)
+def _tuple_row_writer(space: spaces.Tuple, buffer: tuple) -> Callable[[int, Any], None]:
+    writers = [row_writer(sub, subbuffer) for sub, subbuffer in zip(space.spaces, buffer)]
+
+    def write(index: int, value: Any) -> None:
+        if not isinstance(value, (tuple, list)) or len(value) != len(writers):
+            raise ValueError(f"expected a tuple of {len(writers)} items, got {_preview(value)}")
+        for write_item, item in zip(writers, value):
+            write_item(index, item)
+
+    return write
 
 
 def _preview(value: Any) -> str:

@@ -1,9 +1,9 @@
 """The subprocess side: build a group of envs, then serve commands until told to stop.
 
-Protocol on the worker's connection (a socket pair):
+Protocol on the worker's channel (a socket pair):
 1. worker -> parent: ``Hello`` (the envs' spaces, or the error of a failing factory);
-2. parent -> worker: a pickled ``(observation_space, action_space, num_envs, size)``
-   followed by the shared region's file descriptor (``SCM_RIGHTS``);
+2. parent -> worker: the shared region's file descriptor (``SCM_RIGHTS``), then a
+   pickled ``(observation_space, action_space, num_envs, size)``;
 3. then one ``Reply`` per command, in order, until ``Close`` or end of file.
 
 The worker dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, and end of file on the
@@ -15,14 +15,14 @@ from __future__ import annotations
 import ctypes
 import pickle
 import signal
+import socket
 import sys
-from multiprocessing.connection import Connection
-from multiprocessing.reduction import recv_handle
 
 import cloudpickle
 from gymnasium.vector import AutoresetMode
 
 from aiovec._buffers import build_buffers
+from aiovec._channel import Channel
 from aiovec._host import EnvBuildError, EnvHost, build_envs, describe, error_info
 from aiovec._memory import SharedRegion
 from aiovec._protocol import Close, Hello, decode_command, encode, to_wire
@@ -40,31 +40,33 @@ def _die_with_parent() -> None:
 
 
 def worker_main(
-    connection: Connection, factories: bytes, first_env_id: int, autoreset_mode: str
+    sock: socket.socket, factories: bytes, first_env_id: int, autoreset_mode: str
 ) -> None:
     """Entry point of a worker process; returns when the parent says so or goes away."""
     _die_with_parent()
+    connection = Channel(sock)
     # Ctrl-C belongs to the agent's process, which then closes us in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         try:
             envs = build_envs(cloudpickle.loads(factories))
         except EnvBuildError as exc:
-            connection.send_bytes(encode(Hello(error=exc.info)))
+            connection.send(encode(Hello(error=exc.info)))
             return
         except Exception as exc:  # the factories could not even be unpickled here
-            connection.send_bytes(encode(Hello(error=error_info(first_env_id, "unpickle", exc))))
+            connection.send(encode(Hello(error=error_info(first_env_id, "unpickle", exc))))
             return
         host = EnvHost(envs, AutoresetMode(autoreset_mode), buffers=None)
         try:
-            connection.send_bytes(
+            connection.send(
                 encode(Hello(spaces=cloudpickle.dumps([describe(env) for env in envs.values()])))
             )
-            observation_space, action_space, num_envs, size = pickle.loads(connection.recv_bytes())
             # The region lives until this process exits; the kernel frees it after the last user.
-            region = SharedRegion(size, fd=recv_handle(connection))
-            host.buffers = build_buffers(
-                observation_space, action_space, num_envs, region.allocator()
+            region_fd = connection.receive_fd()
+            observation_space, action_space, num_envs, size = pickle.loads(connection.receive())
+            region = SharedRegion(size, fd=region_fd)
+            host.attach(
+                build_buffers(observation_space, action_space, num_envs, region.allocator())
             )
             _serve(connection, host)
         finally:
@@ -73,8 +75,8 @@ def worker_main(
         pass  # the parent is gone: there is nobody to report to
 
 
-def _serve(connection: Connection, host: EnvHost) -> None:
-    receive, send = connection.recv_bytes, connection.send_bytes
+def _serve(connection: Channel, host: EnvHost) -> None:
+    receive, send = connection.receive, connection.send
     while True:
         command = decode_command(receive())
         if isinstance(command, Close):

@@ -1,14 +1,14 @@
 """``VecEnv``: N envs as one batched ``gymnasium.vector.VectorEnv``, with an async core.
 
 The async methods (:meth:`VecEnv.areset`, :meth:`VecEnv.astep`, :meth:`VecEnv.send`,
-:meth:`VecEnv.recv`) are the implementation; the synchronous Gymnasium API runs them on
-a private event loop.
+:meth:`VecEnv.recv`) are the implementation; the synchronous Gymnasium API drives the
+same coroutines with waits that block in the kernel instead of awaiting a loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from aiovec._infos import add_info, batch_infos
-from aiovec._loop import ensure_no_running_loop, new_event_loop
+from aiovec._loop import ensure_no_running_loop
 from aiovec._protocol import Call, Reset, SetAttr, Step
 from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
 from aiovec._spaces import check_batch, copy_buffer, is_shareable, read_rows, write_rows
@@ -64,8 +64,6 @@ class VecEnv(VectorEnv):
             ``DISABLED``), as the enum or its string value.
         context: multiprocessing start method; default ``"forkserver"`` where
             available, else ``"spawn"``.
-        loop: event loop behind the synchronous API: ``"auto"`` (uvloop if installed),
-            ``"uvloop"`` or ``"asyncio"``.
         close_timeout: seconds :meth:`close` waits for workers before killing them.
 
     Raises:
@@ -73,6 +71,9 @@ class VecEnv(VectorEnv):
         aiovec.FactoryPicklingError: a factory cannot be sent to a worker.
         RuntimeError: the envs do not all have the same spaces.
     """
+
+    #: True until construction succeeds, so close() and __del__ of a half-built env do nothing.
+    closed: bool = True
 
     def __init__(
         self,
@@ -83,10 +84,8 @@ class VecEnv(VectorEnv):
         copy: bool = True,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         context: str | None = None,
-        loop: str = "auto",
         close_timeout: float = 5.0,
     ) -> None:
-        self.closed = True  # until construction succeeds: close() and __del__ do nothing
         env_fns = list(env_fns)
         if not env_fns:
             raise ValueError("env_fns is empty: a vector env needs at least one env factory")
@@ -102,9 +101,6 @@ class VecEnv(VectorEnv):
         self.num_envs = len(env_fns)
         self.copy = copy
         self.close_timeout = close_timeout
-        self._loop_kind = loop
-        new_event_loop(loop).close()  # reject a bad `loop` before any process starts
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: tuple[str, Any] | None = None  # for the *_async/*_wait methods
 
         self._backend = _make_backend(backend, env_fns, self.autoreset_mode, num_workers, context)
@@ -118,9 +114,9 @@ class VecEnv(VectorEnv):
             self._backend.close(0)
             raise
         self._scheduler = Scheduler(self._backend, self.num_envs)
+        self._check_actions = partial(check_batch, self.single_action_space)
         self._observations_shared = is_shareable(self.single_observation_space)
         self._actions_shared = is_shareable(self.single_action_space)
-        self._all_env_ids = list(range(self.num_envs))
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)  # for DISABLED mode
         self.closed = False
 
@@ -194,7 +190,7 @@ class VecEnv(VectorEnv):
                 f"envs {done} ended their episode and autoreset_mode is DISABLED: reset them "
                 "first with reset(options={'reset_mask': mask})"
             )
-        batch = check_batch(self.single_action_space, actions, len(env_ids))
+        batch = self._check_actions(actions, len(env_ids))
         per_env_actions = None
         if self._actions_shared:
             write_rows(self._buffers.actions, rows, batch)
@@ -236,10 +232,7 @@ class VecEnv(VectorEnv):
         def enough_ready() -> bool:
             return len(scheduler.ready_queue) >= wanted
 
-        if timeout is None:
-            await scheduler.wait_until(enough_ready)
-        else:
-            await asyncio.wait_for(scheduler.wait_until(enough_ready), timeout)
+        await self._scheduler.wait_until(enough_ready, timeout)
         return self._take_batch(max_envs)
 
     def recv_nowait(self, max_envs: int | None = None) -> Batch | None:
@@ -294,8 +287,7 @@ class VecEnv(VectorEnv):
 
     async def _step_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         scheduler = self._scheduler
-        waiting = scheduler.wait_until(lambda: scheduler.num_busy == 0)
-        await (waiting if timeout is None else asyncio.wait_for(waiting, timeout))
+        await self._scheduler.wait_until(lambda: scheduler.num_busy == 0, timeout)
         env_ids = sorted(scheduler.take_ready(self.num_envs))
         try:
             self._raise_first_error(env_ids)
@@ -335,7 +327,7 @@ class VecEnv(VectorEnv):
                     f"but got length={len(seeds)}."
                 )
         options = dict(options) if options is not None else None
-        env_ids = self._all_env_ids
+        env_ids = self._scheduler.all_env_ids
         if options is not None and "reset_mask" in options:
             env_ids = _reset_mask_ids(options.pop("reset_mask"), self.num_envs)
         self._check_idle(env_ids, "reset")
@@ -361,8 +353,7 @@ class VecEnv(VectorEnv):
 
     async def _wait_tickets(self, tickets: list[Ticket], timeout: float | None) -> list[tuple]:
         """Wait for control tickets; raise the first failure, else return (ticket, reply)."""
-        waiting = self._scheduler.wait_until(lambda: all(t.done for t in tickets))
-        await (waiting if timeout is None else asyncio.wait_for(waiting, timeout))
+        await self._scheduler.wait_until(lambda: all(t.done for t in tickets), timeout)
         for ticket in tickets:
             if ticket.failure is not None:
                 raise ticket.failure
@@ -379,9 +370,9 @@ class VecEnv(VectorEnv):
 
     def _call_submit(self, name: str, args: tuple, kwargs: dict) -> list[Ticket]:
         self._check_open(f"call {name!r}")
-        self._scheduler.check_alive(self._all_env_ids)
+        self._scheduler.check_alive(self._scheduler.all_env_ids)
         return self._scheduler.submit(
-            self._all_env_ids,
+            self._scheduler.all_env_ids,
             lambda seq, group: Call(seq, group, name, args, kwargs),
             is_step=False,
         )
@@ -403,9 +394,9 @@ class VecEnv(VectorEnv):
                 "Values must be a list or tuple with length equal to the number of environments. "
                 f"Got `{len(values)}` values for {self.num_envs} environments."
             )
-        self._scheduler.check_alive(self._all_env_ids)
+        self._scheduler.check_alive(self._scheduler.all_env_ids)
         tickets = self._scheduler.submit(
-            self._all_env_ids,
+            self._scheduler.all_env_ids,
             lambda seq, group: SetAttr(seq, group, name, [values[i] for i in group]),
             is_step=False,
         )
@@ -509,13 +500,25 @@ class VecEnv(VectorEnv):
     # --- lifecycle ------------------------------------------------------------------------
 
     def _run(self, coroutine: Any) -> Any:
-        if self._loop is None:
-            self._loop = new_event_loop(self._loop_kind)
+        """Run one of the async methods to completion from synchronous code.
+
+        In blocking mode every wait blocks in the kernel, so the coroutine never
+        suspends and needs no event loop: the synchronous API is the async code path,
+        minus the cost of a loop turn per call.
+        """
+        scheduler = self._scheduler
+        scheduler.blocking = True
         try:
-            return self._loop.run_until_complete(coroutine)
+            coroutine.send(None)
+        except StopIteration as finished:
+            return finished.value
         except KeyboardInterrupt:
             self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
             raise
+        finally:
+            scheduler.blocking = False
+        coroutine.close()
+        raise AssertionError("a coroutine suspended in blocking mode")
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **_: Any) -> None:
         """Stop the workers (waiting up to ``timeout``, default ``close_timeout``, then
@@ -523,9 +526,6 @@ class VecEnv(VectorEnv):
         if terminate:
             timeout = 0
         self._backend.close(self.close_timeout if timeout is None else timeout)
-        if self._loop is not None:
-            self._loop.close()
-            self._loop = None
 
     def close(self, **kwargs: Any) -> None:
         """Close the envs and release every process and shared segment. Idempotent."""
@@ -563,7 +563,10 @@ class VecEnv(VectorEnv):
             raise ClosedError(operation)
 
     def _check_idle(self, env_ids: Sequence[int], operation: str) -> None:
-        state = self._scheduler.state[env_ids]
+        scheduler = self._scheduler
+        if not scheduler.num_busy and not scheduler.ready_queue:
+            return
+        state = scheduler.state[env_ids]
         if (state != IDLE).any():
             busy = [int(i) for i in np.asarray(env_ids)[state != IDLE]]
             in_flight = [i for i in busy if self._scheduler.state[i] == BUSY]
@@ -581,7 +584,7 @@ class VecEnv(VectorEnv):
     def _resolve_env_ids(self, env_ids: Any) -> tuple[list[int], Any]:
         """``(env_ids as a list, the matching row index for buffers)``."""
         if env_ids is None:
-            return self._all_env_ids, slice(None)
+            return self._scheduler.all_env_ids, slice(None)
         ids = np.asarray(env_ids)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")

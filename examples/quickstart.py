@@ -28,9 +28,7 @@ def lockstep_cartpole(num_envs: int, seconds: float, backend: str) -> float:
 
 async def variable_latency(num_envs: int, seconds: float, first_ready: bool) -> float:
     """Envs whose steps sleep a lognormal time (mean 2 ms); returns env steps per second."""
-    async with aiovec.make(
-        "aiovec/VariableLatency-v0", num_envs, num_workers=num_envs
-    ) as envs:
+    async with aiovec.make("aiovec/VariableLatency-v0", num_envs, num_workers=num_envs) as envs:
         await envs.areset(seed=0)
         steps, start = 0, time.perf_counter()
         if not first_ready:

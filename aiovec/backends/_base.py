@@ -38,6 +38,8 @@ class Backend(abc.ABC):
     """
 
     groups: list[list[int]]
+    #: True when every command completes inside :meth:`submit` (nothing ever waits).
+    completes_inline: bool = False
     descriptions: list[tuple[Any, ...]]
     buffers: Buffers
 
@@ -54,8 +56,12 @@ class Backend(abc.ABC):
         """Whatever the workers have said since the last call, without waiting."""
 
     @abc.abstractmethod
-    async def wait(self) -> list[Message]:
-        """Wait (in the running event loop) until at least one message is available."""
+    async def wait(self, timeout: float | None = None) -> list[Message]:
+        """Wait in the running event loop until a message is available; ``[]`` on timeout."""
+
+    @abc.abstractmethod
+    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+        """Like :meth:`wait`, blocking the thread instead (no event loop involved)."""
 
     @abc.abstractmethod
     def close(self, timeout: float) -> None:

@@ -23,6 +23,8 @@ from aiovec.backends._base import Backend, Message
 class InlineBackend(Backend):
     """All envs in one group, stepped by the calling thread."""
 
+    completes_inline = True
+
     def __init__(
         self, env_fns: Sequence[Callable[[], gym.Env]], autoreset_mode: AutoresetMode
     ) -> None:
@@ -39,7 +41,7 @@ class InlineBackend(Backend):
         self.buffers = build_buffers(
             observation_space, action_space, len(self.descriptions), np.zeros
         )
-        self._host.buffers = self.buffers
+        self._host.attach(self.buffers)
         return self.buffers
 
     def submit(self, worker: int, command: Command) -> None:
@@ -49,7 +51,10 @@ class InlineBackend(Backend):
         messages, self._outbox = self._outbox, []
         return messages
 
-    async def wait(self) -> list[Message]:
+    async def wait(self, timeout: float | None = None) -> list[Message]:
+        return self.poll()
+
+    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
         return self.poll()
 
     def close(self, timeout: float) -> None:

@@ -12,10 +12,10 @@ import asyncio
 import multiprocessing
 import os
 import pickle
+import select
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import send_handle
+from multiprocessing.connection import wait
 from typing import Any
 
 import cloudpickle
@@ -25,6 +25,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from aiovec._buffers import Buffers, buffers_nbytes, build_buffers
+from aiovec._channel import Channel, channel_pair
 from aiovec._memory import SharedRegion
 from aiovec._protocol import (
     Call,
@@ -99,15 +100,16 @@ class ProcessBackend(Backend):
             # Workers fork from a server that has already imported numpy and gymnasium.
             multiprocessing_context.set_forkserver_preload(["aiovec._worker"])
         self._processes: list[multiprocessing.process.BaseProcess] = []
-        self._connections: list[Connection] = []
+        self._connections: list[Channel] = []
         self._dead: set[int] = set()
         self._region: SharedRegion | None = None
         self._inbox: list[Message] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future | None = None
+        self._poller: select.poll | None = None  # for wait_blocking, built on first use
         try:
             for worker, (group, payload) in enumerate(zip(self.groups, payloads)):
-                parent_end, child_end = multiprocessing_context.Pipe(duplex=True)
+                parent_end, child_end = channel_pair()
                 process = multiprocessing_context.Process(
                     target=worker_main,
                     args=(child_end, payload, group[0], autoreset_mode.value),
@@ -119,6 +121,13 @@ class ProcessBackend(Backend):
                 process.start()
                 child_end.close()
             self.descriptions = self._handshake()
+            self._worker_of_fd = {
+                fd: worker
+                for worker, (process, connection) in enumerate(
+                    zip(self._processes, self._connections)
+                )
+                for fd in (process.sentinel, connection.fileno())
+            }
         except BaseException:
             self.close(timeout=0)
             raise
@@ -136,7 +145,7 @@ class ProcessBackend(Backend):
                     continue
                 connection = self._connections[worker]
                 try:
-                    hello = decode_message(connection.recv_bytes())
+                    hello = decode_message(connection.receive())
                 except (EOFError, OSError):
                     self._processes[worker].join(1.0)
                     raise WorkerCrashedError(
@@ -152,9 +161,9 @@ class ProcessBackend(Backend):
         num_envs = len(self.descriptions)
         self._region = SharedRegion(buffers_nbytes(observation_space, action_space, num_envs))
         layout = pickle.dumps((observation_space, action_space, num_envs, self._region.size))
-        for process, connection in zip(self._processes, self._connections):
-            connection.send_bytes(layout)
-            send_handle(connection, self._region.fd, process.pid)
+        for connection in self._connections:
+            connection.send_fd(self._region.fd)
+            connection.send(layout)
         self.buffers = build_buffers(
             observation_space, action_space, num_envs, self._region.allocator()
         )
@@ -167,7 +176,7 @@ class ProcessBackend(Backend):
             raise WorkerCrashedError(
                 worker, self.groups[worker], self._processes[worker].exitcode, "it is gone"
             )
-        self._connections[worker].send_bytes(encode(_to_wire(command)))
+        self._connections[worker].send(encode(_to_wire(command)))
 
     def poll(self) -> list[Message]:
         for worker, connection in enumerate(self._connections):
@@ -176,39 +185,55 @@ class ProcessBackend(Backend):
         messages, self._inbox = self._inbox, []
         return messages
 
-    async def wait(self) -> list[Message]:
+    async def wait(self, timeout: float | None = None) -> list[Message]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._bind(loop)
         if not self._inbox:
             self._waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, self._wake)
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         messages, self._inbox = self._inbox, []
         return messages
 
-    def _drain(self, worker: int, connection: Connection) -> None:
-        try:
-            while connection.poll():
-                self._inbox.append((worker, decode_message(connection.recv_bytes())))
-        except (EOFError, OSError):
+    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+        if not self._inbox:
+            if self._poller is None:
+                self._poller = select.poll()
+                for worker in range(len(self._processes)):
+                    if worker not in self._dead:
+                        self._poller.register(self._connections[worker].fileno(), select.POLLIN)
+                        self._poller.register(self._processes[worker].sentinel, select.POLLIN)
+            events = self._poller.poll(None if timeout is None else timeout * 1000)
+            for fd, _ in events:
+                worker = self._worker_of_fd[fd]
+                if worker not in self._dead:
+                    self._drain(worker, self._connections[worker])
+                    if fd == self._processes[worker].sentinel:
+                        self._on_exit(worker)
+        messages, self._inbox = self._inbox, []
+        return messages
+
+    def _drain(self, worker: int, connection: Channel) -> None:
+        for frame in connection.receive_ready():
+            self._inbox.append((worker, decode_message(frame)))
+        if connection.eof:
             self._on_exit(worker)
 
     def _on_readable(self, worker: int) -> None:
-        try:
-            frame = self._connections[worker].recv_bytes()
-        except (EOFError, OSError):
-            self._on_exit(worker)
-            return
-        self._inbox.append((worker, decode_message(frame)))
+        self._drain(worker, self._connections[worker])
         self._wake()
 
     def _on_exit(self, worker: int) -> None:
         if worker in self._dead:
             return
         self._dead.add(worker)
+        self._poller = None  # rebuilt without this worker's descriptors
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._connections[worker].fileno())
             self._loop.remove_reader(self._processes[worker].sentinel)
@@ -246,7 +271,7 @@ class ProcessBackend(Backend):
         for worker, connection in enumerate(self._connections):
             if worker not in self._dead:
                 try:
-                    connection.send_bytes(encode(Close(seq=0)))
+                    connection.send(encode(Close(seq=0)))
                 except OSError:
                     pass
         _stop_processes(self._processes, timeout)

@@ -1,0 +1,101 @@
+"""Length-prefixed frames over a stream socket: the one pipe between the agent and a worker.
+
+Each frame is sent with a single ``sendall``; a reader fetches everything available
+with as few ``recv`` calls as possible. Unlike ``multiprocessing.Connection`` there is
+no selector built per poll and no second syscall per message.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from multiprocessing.reduction import recvfds, sendfds
+
+_HEADER = struct.Struct("<I")
+_CHUNK = 1 << 16
+
+
+class Channel:
+    """One end of a socket pair carrying frames (``bytes``) both ways."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.eof = False  # the other end closed (or died); no more frames will come
+        self._pending = bytearray()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, frame: bytes) -> None:
+        """Send one frame (blocks only while the socket buffer is full)."""
+        self.sock.sendall(_HEADER.pack(len(frame)) + frame)
+
+    def receive(self) -> bytes:
+        """Block until the next frame arrives.
+
+        Raises:
+            EOFError: the other end closed before a whole frame arrived.
+        """
+        while True:
+            frame = self._next_frame()
+            if frame is not None:
+                return frame
+            chunk = self.sock.recv(_CHUNK)
+            if not chunk:
+                self.eof = True
+                raise EOFError("the other end of the channel closed")
+            self._pending += chunk
+
+    def receive_ready(self) -> list[bytes]:
+        """Every complete frame that has arrived, without blocking (sets :attr:`eof`)."""
+        while not self.eof:
+            try:
+                chunk = self.sock.recv(_CHUNK, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.eof = True
+                break
+            self._pending += chunk
+            if len(chunk) < _CHUNK:
+                break
+        frames = []
+        while (frame := self._next_frame()) is not None:
+            frames.append(frame)
+        return frames
+
+    def _next_frame(self) -> bytes | None:
+        pending = self._pending
+        if len(pending) < _HEADER.size:
+            return None
+        (size,) = _HEADER.unpack_from(pending)
+        end = _HEADER.size + size
+        if len(pending) < end:
+            return None
+        frame = bytes(pending[_HEADER.size : end])
+        del pending[:end]
+        return frame
+
+    def send_fd(self, fd: int) -> None:
+        """Pass a file descriptor to the other process (``SCM_RIGHTS``).
+
+        The receiver must call :meth:`receive_fd` before reading any frame sent after it.
+        """
+        sendfds(self.sock, [fd])
+
+    def receive_fd(self) -> int:
+        """Receive a descriptor sent with :meth:`send_fd`; call with no frame pending."""
+        assert not self._pending, "a descriptor must not be interleaved with read-ahead frames"
+        (fd,) = recvfds(self.sock, 1)
+        return fd
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def channel_pair() -> tuple[Channel, socket.socket]:
+    """A channel for this process and the socket to hand to the worker process."""
+    parent, child = socket.socketpair()
+    return Channel(parent), child
