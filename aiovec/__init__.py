@@ -6,6 +6,7 @@ stepped in lockstep or first-ready from asyncio.
 
 from gymnasium.vector import AutoresetMode
 
+from aiovec._loop import run
 from aiovec._make import make
 from aiovec.envs import register_envs
 from aiovec.errors import (
@@ -37,4 +38,5 @@ __all__ = [
     "VecEnv",
     "WorkerCrashedError",
     "make",
+    "run",
 ]

@@ -15,7 +15,6 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,17 +26,20 @@ from aiovec.errors import WorkerCrashedError
 IDLE, BUSY, READY = 0, 1, 2
 
 
-@dataclass(eq=False)
 class Ticket:
     """One command sent to one worker, and what came back."""
 
-    worker: int
-    env_ids: list[int]
-    is_step: bool
-    done: bool = False
-    reply: Reply | None = None
-    failure: Exception | None = None  # the worker died before answering
-    errors: dict[int, Exception] = field(default_factory=dict)  # env id -> EnvError
+    __slots__ = ("worker", "env_ids", "rows", "is_step", "done", "reply", "failure", "errors")
+
+    def __init__(self, worker: int, env_ids: list[int], rows: Any, is_step: bool) -> None:
+        self.worker = worker
+        self.env_ids = env_ids
+        self.rows = rows  # env_ids as an index into per-env arrays (a slice when contiguous)
+        self.is_step = is_step
+        self.done = False
+        self.reply: Reply | None = None
+        self.failure: Exception | None = None  # the worker died before answering
+        self.errors: dict[int, Exception] = {}  # env id -> EnvError
 
 
 class Scheduler:
@@ -50,7 +52,11 @@ class Scheduler:
         for worker, group in enumerate(backend.groups):
             self.worker_of[group] = worker
         self.all_env_ids = list(range(num_envs))
-        self._all_groups = {worker: list(group) for worker, group in enumerate(backend.groups)}
+        # The whole batch, split by worker; rows are slices (groups are contiguous).
+        self._all_groups = [
+            (worker, list(group), slice(group[0], group[-1] + 1))
+            for worker, group in enumerate(backend.groups)
+        ]
         self.ready_queue: deque[int] = deque()
         self.num_busy = 0
         self.infos: list[dict | None] = [None] * num_envs
@@ -64,15 +70,15 @@ class Scheduler:
 
     # --- sending ------------------------------------------------------------------------
 
-    def split(self, env_ids: Iterable[int]) -> dict[int, list[int]]:
-        """``env_ids`` grouped by worker, order kept within each group."""
+    def split(self, env_ids: Iterable[int]) -> list[tuple[int, list[int], Any]]:
+        """``(worker, env ids, rows)`` per worker, order kept within each group."""
         if env_ids is self.all_env_ids:
             return self._all_groups
         groups: dict[int, list[int]] = {}
         worker_of = self.worker_of
         for env_id in env_ids:
             groups.setdefault(int(worker_of[env_id]), []).append(int(env_id))
-        return groups
+        return [(worker, group, group) for worker, group in groups.items()]
 
     def check_alive(self, env_ids: Iterable[int]) -> None:
         """Raise the crash of the first dead worker hosting one of ``env_ids``."""
@@ -90,12 +96,12 @@ class Scheduler:
     ) -> list[Ticket]:
         """Send one command per worker; ``make_command(seq, env_ids_of_that_worker)``."""
         tickets = []
-        for worker, group in self.split(env_ids).items():
+        for worker, group, rows in self.split(env_ids):
             seq = next(self._sequence)
-            ticket = Ticket(worker, group, is_step)
+            ticket = Ticket(worker, group, rows, is_step)
             self.backend.submit(worker, make_command(seq, group))
             self._tickets[seq] = ticket
-            self.state[group] = BUSY
+            self.state[rows] = BUSY
             self.num_busy += len(group)
             tickets.append(ticket)
         return tickets
@@ -151,7 +157,7 @@ class Scheduler:
                     self.observations[env_id] = observation
         self.num_busy -= len(env_ids)
         if not ticket.is_step:
-            self.state[env_ids] = IDLE
+            self.state[ticket.rows] = IDLE
             return
         infos = reply.infos if reply is not None else None
         for position, env_id in enumerate(env_ids):
@@ -159,13 +165,17 @@ class Scheduler:
             error = failure or ticket.errors.get(env_id)
             if error is not None:
                 self.errors[env_id] = error
-        self.state[env_ids] = READY
+        self.state[ticket.rows] = READY
         self.ready_queue.extend(env_ids)
 
     def take_ready(self, limit: int) -> list[int]:
         """Up to ``limit`` env ids from the ready-queue, oldest first, marked IDLE."""
-        count = min(limit, len(self.ready_queue))
-        env_ids = [self.ready_queue.popleft() for _ in range(count)]
+        queue = self.ready_queue
+        if limit >= len(queue):
+            env_ids = list(queue)
+            queue.clear()
+        else:
+            env_ids = [queue.popleft() for _ in range(limit)]
         self.state[env_ids] = IDLE
         return env_ids
 

@@ -149,75 +149,103 @@ def write_rows(buffer: Any, env_ids: Sequence[int] | slice, batch: Any) -> None:
 
 
 @singledispatch
-def check_batch(space: spaces.Space, batch: Any, count: int, path: str = "actions") -> Any:
-    """Validate a batch of ``count`` samples of ``space``; return it as numpy arrays.
+def batch_checker(space: spaces.Space, path: str = "actions") -> Callable[[Any, int], Any]:
+    """A function ``check(batch, count)`` validating ``count`` samples of ``space``.
 
-    Checks shape and dtype kind everywhere and the range of discrete values; Box
-    bounds are not checked (Gymnasium does not clip either).
+    ``check`` returns the batch as numpy arrays (a tuple of objects for spaces that are
+    not shareable). It checks shape and dtype kind everywhere and the range of discrete
+    values; Box bounds are not checked (Gymnasium does not clip either).
 
-    Raises:
+    Raises (from ``check``):
         ValueError / TypeError: naming the offending part of the batch and what was expected.
     """
-    # Not shareable: one Python object per env.
-    if not isinstance(batch, (list, tuple)) or len(batch) != count:
-        raise ValueError(
-            f"{path}: expected a sequence of {count} samples of {space}, got {_preview(batch)}"
-        )
-    return tuple(batch)
+
+    def check(batch: Any, count: int) -> Any:  # not shareable: one Python object per env
+        if not isinstance(batch, (list, tuple)) or len(batch) != count:
+            raise ValueError(
+                f"{path}: expected a sequence of {count} samples of {space}, got {_preview(batch)}"
+            )
+        return tuple(batch)
+
+    return check
 
 
-@check_batch.register(spaces.Box)
-@check_batch.register(spaces.Discrete)
-@check_batch.register(spaces.MultiDiscrete)
-@check_batch.register(spaces.MultiBinary)
-def _check_array_batch(space: spaces.Space, batch: Any, count: int, path: str = "actions") -> Any:
-    array = np.asarray(batch)
-    expected = (count, *space.shape)
-    if array.shape != expected:
-        raise ValueError(
-            f"{path}: expected shape {expected} (one row of {space} per env), got {array.shape}"
-        )
-    if isinstance(space, spaces.Box):
+@batch_checker.register(spaces.Box)
+def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int], Any]:
+    shape = space.shape
+
+    def check(batch: Any, count: int) -> Any:
+        array = np.asarray(batch)
+        _check_shape(array, count, shape, space, path)
         if array.dtype.kind not in "biuf":
             raise TypeError(f"{path}: expected numbers for {space}, got dtype {array.dtype}")
         return array
-    if array.dtype.kind not in "biu":
-        raise TypeError(
-            f"{path}: expected integers for {space}, got dtype {array.dtype}; "
-            "cast with .astype(int) if the values are whole numbers"
-        )
-    if array.size:
-        low, high = _discrete_bounds(space)
-        if (array < low).any() or (array > high).any():
+
+    return check
+
+
+@batch_checker.register(spaces.Discrete)
+@batch_checker.register(spaces.MultiDiscrete)
+@batch_checker.register(spaces.MultiBinary)
+def _discrete_checker(space: spaces.Space, path: str = "actions") -> Callable[[Any, int], Any]:
+    shape = space.shape
+    if isinstance(space, spaces.Discrete):
+        low, high = int(space.start), int(space.start + space.n - 1)
+    elif isinstance(space, spaces.MultiDiscrete):
+        low, high = space.start, space.start + space.nvec - 1  # per-element arrays
+    else:
+        low, high = 0, 1
+    scalar_bounds = isinstance(low, int)
+
+    def check(batch: Any, count: int) -> Any:
+        array = np.asarray(batch)
+        _check_shape(array, count, shape, space, path)
+        if array.dtype.kind not in "biu":
+            raise TypeError(
+                f"{path}: expected integers for {space}, got dtype {array.dtype}; "
+                "cast with .astype(int) if the values are whole numbers"
+            )
+        if scalar_bounds and array.size <= 64:  # Python's min/max beat numpy's on few values
+            values = array.ravel().tolist()
+            in_range = not values or (min(values) >= low and max(values) <= high)
+        else:
+            in_range = not ((array < low).any() or (array > high).any())
+        if not in_range:
             bad = array[(array < low) | (array > high)]
             raise ValueError(f"{path}: values {bad[:5].tolist()} are outside {space}")
-    return array
+        return array
+
+    return check
 
 
-def _discrete_bounds(space: spaces.Space) -> tuple[Any, Any]:
-    if isinstance(space, spaces.Discrete):
-        return space.start, space.start + space.n - 1
-    if isinstance(space, spaces.MultiDiscrete):
-        return space.start, space.start + space.nvec - 1
-    return 0, 1  # MultiBinary
+def _check_shape(array: np.ndarray, count: int, shape: tuple, space: spaces.Space, path: str):
+    if array.shape[:1] != (count,) or array.shape[1:] != shape:
+        raise ValueError(
+            f"{path}: expected shape {(count, *shape)} (one row of {space} per env), "
+            f"got {array.shape}"
+        )
 
 
-@check_batch.register(spaces.Dict)
-def _check_dict_batch(space: spaces.Dict, batch: Any, count: int, path: str = "actions") -> Any:
-    if not isinstance(batch, dict) or batch.keys() != space.spaces.keys():
-        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-        raise ValueError(f"{path}: expected a dict with keys {sorted(space.spaces)}, got {keys}")
-    return {
-        key: check_batch(sub, batch[key], count, f"{path}[{key!r}]")
-        for key, sub in space.spaces.items()
-    }
+@batch_checker.register(spaces.Dict)
+def _dict_checker(space: spaces.Dict, path: str = "actions") -> Callable[[Any, int], Any]:
+    checkers = {key: batch_checker(sub, f"{path}[{key!r}]") for key, sub in space.spaces.items()}
+
+    def check(batch: Any, count: int) -> Any:
+        if not isinstance(batch, dict) or batch.keys() != checkers.keys():
+            keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+            raise ValueError(f"{path}: expected a dict with keys {sorted(checkers)}, got {keys}")
+        return {key: check_item(batch[key], count) for key, check_item in checkers.items()}
+
+    return check
 
 
-@check_batch.register(spaces.Tuple)
-def _check_tuple_batch(space: spaces.Tuple, batch: Any, count: int, path: str = "actions") -> Any:
-    if not isinstance(batch, (tuple, list)) or len(batch) != len(space.spaces):
-        raise ValueError(f"{path}: expected a tuple of {len(space.spaces)} batches")
-    return tuple(
-        check_batch(sub, item, count, f"{path}[{i}]")
-        for i, (sub, item) in enumerate(zip(space.spaces, batch))
-    )
+@batch_checker.register(spaces.Tuple)
+def _tuple_checker(space: spaces.Tuple, path: str = "actions") -> Callable[[Any, int], Any]:
+    checkers = [batch_checker(sub, f"{path}[{i}]") for i, sub in enumerate(space.spaces)]
+
+    def check(batch: Any, count: int) -> Any:
+        if not isinstance(batch, (tuple, list)) or len(batch) != len(checkers):
+            raise ValueError(f"{path}: expected a tuple of {len(checkers)} batches")
+        return tuple(check_item(item, count) for check_item, item in zip(checkers, batch))
+
+    return check

@@ -8,7 +8,6 @@ same coroutines with waits that block in the kernel instead of awaiting a loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -21,7 +20,7 @@ from aiovec._infos import add_info, batch_infos
 from aiovec._loop import ensure_no_running_loop
 from aiovec._protocol import Call, Reset, SetAttr, Step
 from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
-from aiovec._spaces import check_batch, copy_buffer, is_shareable, read_rows, write_rows
+from aiovec._spaces import batch_checker, copy_buffer, is_shareable, read_rows, write_rows
 from aiovec.backends._base import Backend
 from aiovec.errors import ClosedError, EnvBusyError, NothingInFlightError
 
@@ -114,7 +113,7 @@ class VecEnv(VectorEnv):
             self._backend.close(0)
             raise
         self._scheduler = Scheduler(self._backend, self.num_envs)
-        self._check_actions = partial(check_batch, self.single_action_space)
+        self._check_actions = batch_checker(self.single_action_space)
         self._observations_shared = is_shareable(self.single_observation_space)
         self._actions_shared = is_shareable(self.single_action_space)
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)  # for DISABLED mode

@@ -200,3 +200,31 @@ def test_copy_false_returns_views_copy_true_returns_copies(backend):
         first, _ = venv.reset()
         venv.step([0, 0])
         assert first[:, 1].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_same_env_driven_from_successive_event_loops(loop):
+    """Each asyncio.run() brings a new loop; the env follows it, and the sync API still works."""
+    venv = aiovec.VecEnv(counter_envs(2), num_workers=2)
+
+    async def two_steps():
+        await venv.areset()
+        venv.send([0, 1])
+        batch = await venv.recv(min_envs=2)
+        return sorted(batch.rewards.tolist())
+
+    assert aiovec.run(two_steps(), loop=loop) == [1.0, 1.0]
+    assert aiovec.run(two_steps(), loop=loop) == [1.0, 1.0]
+    _, rewards, *_ = venv.step([0, 0])
+    assert rewards.tolist() == [2.0, 2.0]
+    venv.close()
+
+
+def test_unknown_loop_kind_is_rejected():
+    async def nothing():
+        return None
+
+    coroutine = nothing()
+    with pytest.raises(ValueError, match="loop must be one of"):
+        aiovec.run(coroutine, loop="trio")
+    coroutine.close()
