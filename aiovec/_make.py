@@ -7,6 +7,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from aiovec._auto import choose_backend
 from aiovec.vector_env import VecEnv
 
 
@@ -40,6 +41,7 @@ def make(
     *,
     env_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    backend: str = "auto",
     **options: Any,
 ) -> VecEnv:
     """Create ``num_envs`` copies of an env as one :class:`VecEnv`.
@@ -50,8 +52,13 @@ def make(
         num_envs: how many envs.
         env_kwargs: keyword arguments for ``gymnasium.make`` or for the callable.
         wrappers: ``gymnasium.Wrapper`` classes (or callables) applied to each env, in order.
-        **options: passed to :class:`VecEnv` (``backend``, ``num_workers``, ``copy``,
-            ``autoreset_mode``, ``context``, ``loop``, ...).
+        backend: ``"auto"`` (default) probes one env in this process for a few
+            milliseconds and picks ``"inline"`` for envs too cheap to pay for IPC, one
+            worker per env for envs that mostly wait, and one worker per core otherwise
+            (see ``venv.backend`` / ``venv.num_workers`` for the choice). Or name the
+            backend (``"process"``, ``"inline"``) to skip the probe.
+        **options: passed to :class:`VecEnv` (``num_workers``, ``copy``,
+            ``autoreset_mode``, ``context``, ...).
 
     Raises:
         gymnasium.error.Error: unknown env id (raised here, before any process starts).
@@ -76,6 +83,13 @@ def make(
         raise TypeError(
             f"env_id must be a Gymnasium id or a callable returning an env, got {env_id!r}"
         )
-    venv = VecEnv([factory] * num_envs, **options)
+    if backend == "auto":
+        chosen = choose_backend(factory, num_envs)
+        backend = chosen.pop("backend")
+        if backend == "inline":
+            options.pop("num_workers", None)
+        for key, value in chosen.items():
+            options.setdefault(key, value)
+    venv = VecEnv([factory] * num_envs, backend=backend, **options)
     venv.spec = spec
     return venv

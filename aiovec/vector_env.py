@@ -104,6 +104,7 @@ class VecEnv(VectorEnv):
 
         self._backend = _make_backend(backend, env_fns, self.autoreset_mode, num_workers, context)
         self.backend = backend
+        self.num_workers = len(self._backend.groups) if backend == "process" else 0
         try:
             self._set_spaces(self._backend.descriptions)
             self._buffers = self._backend.attach(

@@ -60,7 +60,7 @@ def test_close_is_idempotent_and_leaves_nothing(backend, no_leaks):
 
 
 async def test_async_context_manager_closes(no_leaks):
-    async with aiovec.make("CartPole-v1", 2) as venv:
+    async with aiovec.make("CartPole-v1", 2, backend="process") as venv:
         await venv.areset()
         pids = worker_pids(venv)
     assert venv.closed
@@ -191,7 +191,7 @@ def test_workers_die_when_the_parent_is_killed(tmp_path):
             import aiovec
 
             if __name__ == "__main__":
-                venv = aiovec.make("CartPole-v1", 4, num_workers=2)
+                venv = aiovec.make("CartPole-v1", 4, backend="process", num_workers=2)
                 venv.reset()
                 pids = [p.pid for p in venv._backend._processes]
                 print(" ".join(map(str, pids)), flush=True)

@@ -1,0 +1,56 @@
+"""aiovec.make: ids, factories, kwargs, wrappers and the automatic backend choice."""
+
+from __future__ import annotations
+
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import aiovec
+from tests.envs import CounterEnv
+
+
+def test_registry_id_with_kwargs_and_wrappers(backend):
+    with aiovec.make(
+        "CartPole-v1",
+        3,
+        env_kwargs={"max_episode_steps": 5},
+        wrappers=[gym.wrappers.TimeAwareObservation],
+        backend=backend,
+    ) as venv:
+        assert venv.spec.id == "CartPole-v1"
+        assert venv.single_observation_space.shape == (5,)  # time feature appended
+        venv.reset(seed=0)
+        for _ in range(5):
+            *_, truncations, _ = venv.step(np.zeros(3, dtype=np.int64))
+        assert truncations.all()
+
+
+def test_callable_with_kwargs(backend):
+    with aiovec.make(CounterEnv, 2, env_kwargs={"env_index": 7}, backend=backend) as venv:
+        observations, _ = venv.reset()
+        assert observations[:, 0].tolist() == [7, 7]
+
+
+@pytest.mark.parametrize("num_envs", [0, -1, 2.5, True])
+def test_bad_num_envs(num_envs):
+    with pytest.raises(ValueError, match="num_envs"):
+        aiovec.make("CartPole-v1", num_envs)
+
+
+def test_auto_backend_follows_the_cost_of_a_step():
+    with aiovec.make("aiovec/NoOp-v0", 4) as venv:  # far cheaper than a round trip
+        assert venv.backend == "inline"
+    with aiovec.make(
+        "aiovec/VariableLatency-v0", 4, env_kwargs={"mean_step_time": 0.005, "sigma": 0.1}
+    ) as venv:  # mostly sleeping: one worker per env
+        assert (venv.backend, venv.num_workers) == ("process", 4)
+    with aiovec.make(
+        "aiovec/VariableLatency-v0",
+        8,
+        env_kwargs={"mean_step_time": 0.002, "sigma": 0.1, "mode": "busy"},
+    ) as venv:  # CPU-bound and expensive: one worker per core
+        assert venv.backend == ("process" if (os.cpu_count() or 1) > 1 else "inline")
+        assert venv.num_workers == min(8, os.cpu_count() or 1) or venv.backend == "inline"
