@@ -1,0 +1,231 @@
+"""The vector envs a benchmark compares, each driven the way its users drive it.
+
+A contender is built once per workload and then asked for timed windows; whatever it
+has in flight at the end of a window carries over to the next one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import aiovec
+
+EnvFn = Callable[[], gym.Env]
+
+
+class Contender:
+    """One library in one mode. Subclasses build the env and step it for a while."""
+
+    #: name shown in reports, e.g. "aiovec process (first-ready 8)"
+    name: str = ""
+    library: str = ""
+
+    def __init__(self, env_fn: EnvFn, num_envs: int, copy: bool = True) -> None:
+        self.env_fn, self.num_envs, self.copy = env_fn, num_envs, copy
+        self.recv_latencies: list[float] = []
+
+    def start(self) -> None:
+        """Build the vector env and reset it."""
+        raise NotImplementedError
+
+    def run(self, seconds: float) -> int:
+        """Step for about ``seconds``; return how many env steps completed."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _action_batches(self, space: gym.Space) -> list[Any]:
+        space.seed(0)
+        return [space.sample() for _ in range(16)]
+
+
+class GymnasiumLockstep(Contender):
+    """A ``gymnasium.vector.VectorEnv`` (Gymnasium's or aiovec's) stepped with ``step``."""
+
+    def __init__(self, name: str, library: str, make: Callable[[], Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.name, self.library, self._make = name, library, make
+
+    def start(self) -> None:
+        self.env = self._make()
+        self.env.reset(seed=0)
+        self._actions = self._action_batches(self.env.action_space)
+
+    def run(self, seconds: float) -> int:
+        env, actions, steps = self.env, self._actions, 0
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            env.step(actions[steps % len(actions)])
+            steps += 1
+        return steps * self.num_envs
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class AiovecFirstReady(Contender):
+    """aiovec's ``send``/``recv``: re-send to whichever envs finished first."""
+
+    library = "aiovec"
+
+    def __init__(self, batch_size: int, options: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batch_size, self.options = batch_size, options
+        self.name = f"aiovec {options.get('backend', 'process')} (first-ready {batch_size})"
+
+    def start(self) -> None:
+        self.env = aiovec.VecEnv([self.env_fn] * self.num_envs, copy=self.copy, **self.options)
+        self.env.reset(seed=0)
+        space = self.env.single_action_space
+        space.seed(0)
+        self._actions = np.stack([space.sample() for _ in range(self.num_envs)])
+        self.env.send(self._actions)
+
+    def run(self, seconds: float) -> int:
+        return aiovec.run(self._run(seconds))
+
+    async def _run(self, seconds: float) -> int:
+        env, actions, batch_size, steps = self.env, self._actions, self.batch_size, 0
+        latencies = self.recv_latencies
+        clock = time.perf_counter
+        deadline = clock() + seconds
+        while clock() < deadline:
+            start = clock()
+            batch = await env.recv(batch_size)
+            latencies.append(clock() - start)
+            steps += len(batch.env_ids)
+            env.send(actions[: len(batch.env_ids)], batch.env_ids)
+        return steps
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class SB3Lockstep(Contender):
+    """Stable-Baselines3's ``DummyVecEnv`` / ``SubprocVecEnv``."""
+
+    library = "sb3"
+
+    def __init__(self, kind: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kind = kind
+        self.name = f"sb3 {kind}"
+
+    def start(self) -> None:
+        from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+        env_fns = [self.env_fn] * self.num_envs
+        if self.kind == "DummyVecEnv":
+            self.env = DummyVecEnv(env_fns)
+        else:
+            # fork: SB3's worker module imports torch, which takes seconds per process
+            # under forkserver/spawn; start-up is not what this benchmark measures.
+            self.env = SubprocVecEnv(env_fns, start_method="fork")
+        self.env.seed(0)
+        self.env.reset()
+        space = self.env.action_space
+        space.seed(0)
+        self._actions = [
+            np.stack([space.sample() for _ in range(self.num_envs)]) for _ in range(16)
+        ]
+
+    def run(self, seconds: float) -> int:
+        env, actions, steps = self.env, self._actions, 0
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            env.step(actions[steps % len(actions)])
+            steps += 1
+        return steps * self.num_envs
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def sb3_available() -> bool:
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def lockstep_contenders(
+    env_fn: EnvFn,
+    num_envs: int,
+    *,
+    env_id: str | None = None,
+    env_kwargs: dict | None = None,
+    copy: bool = True,
+    include: tuple[str, ...] = ("auto", "inline", "process", "sync", "async", "sb3"),
+    process_options: dict[str, Any] | None = None,
+) -> list[Contender]:
+    """aiovec (auto, inline, process) and the libraries users would otherwise pick."""
+    common = {"env_fn": env_fn, "num_envs": num_envs, "copy": copy}
+    contenders: list[Contender] = []
+    fns = [env_fn] * num_envs
+    if "auto" in include and env_id is not None:
+        contenders.append(
+            GymnasiumLockstep(
+                "aiovec make (auto)",
+                "aiovec",
+                partial(aiovec.make, env_id, num_envs, env_kwargs=env_kwargs, copy=copy),
+                **common,
+            )
+        )
+    if "inline" in include:
+        contenders.append(
+            GymnasiumLockstep(
+                "aiovec inline",
+                "aiovec",
+                partial(aiovec.VecEnv, fns, backend="inline", copy=copy),
+                **common,
+            )
+        )
+    if "process" in include:
+        options = process_options or {}
+        label = (
+            f"aiovec process ({options['num_workers']} workers)" if options else "aiovec process"
+        )
+        contenders.append(
+            GymnasiumLockstep(
+                label,
+                "aiovec",
+                partial(aiovec.VecEnv, fns, backend="process", copy=copy, **options),
+                **common,
+            )
+        )
+    if "sync" in include:
+        contenders.append(
+            GymnasiumLockstep(
+                "gymnasium SyncVectorEnv",
+                "gymnasium",
+                partial(gym.vector.SyncVectorEnv, fns, copy=copy),
+                **common,
+            )
+        )
+    if "async" in include:
+        contenders.append(
+            GymnasiumLockstep(
+                "gymnasium AsyncVectorEnv",
+                "gymnasium",
+                partial(
+                    gym.vector.AsyncVectorEnv,
+                    fns,
+                    shared_memory=True,
+                    copy=copy,
+                    context="forkserver",
+                ),
+                **common,
+            )
+        )
+    if "sb3" in include and sb3_available():
+        contenders.append(SB3Lockstep("DummyVecEnv", **common))
+        contenders.append(SB3Lockstep("SubprocVecEnv", **common))
+    return contenders

@@ -1,0 +1,153 @@
+"""Running workloads: build every contender, warm up, then interleave timed windows.
+
+Windows of all contenders alternate (A B C A B C ...), so a noisy neighbour slows
+everyone alike, and each figure is the median over windows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import gymnasium as gym
+
+import aiovec
+from aiovec.bench import system
+from aiovec.bench.contenders import Contender, lockstep_contenders
+from aiovec.bench.workloads import CORES, Workload
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ContenderResult:
+    name: str
+    library: str
+    rates: list[float]  # env steps per second, one per window
+    cpu_us_per_step: float | None = None
+    recv_latencies: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def rate(self) -> float:
+        """Median env steps per second."""
+        return statistics.median(self.rates) if self.rates else 0.0
+
+
+@dataclass
+class WorkloadResult:
+    key: str
+    title: str
+    metric: str
+    num_envs: int
+    ideal: float | None
+    bytes_per_step: int
+    results: list[ContenderResult]
+
+    def find(self, prefix: str) -> ContenderResult | None:
+        """The best result whose name starts with ``prefix``."""
+        matches = [r for r in self.results if r.name.startswith(prefix) and r.rates]
+        return max(matches, key=lambda r: r.rate, default=None)
+
+    def value(self, result: ContenderResult) -> float:
+        """The workload's metric for ``result`` (steps/s, or µs per vector step)."""
+        if self.metric == "us/step":
+            return 1e6 * self.num_envs / result.rate if result.rate else float("inf")
+        return result.rate
+
+
+def run_workload(
+    workload: Workload, seconds: float, repeats: int, progress: Progress = print
+) -> WorkloadResult:
+    """Median throughput of every contender of ``workload``, measured in the same run."""
+    contenders = workload.contenders()
+    results = {c.name: ContenderResult(c.name, c.library, []) for c in contenders}
+    cpu = {c.name: [0.0, 0] for c in contenders}
+    started: list[Contender] = []
+    try:
+        for contender in contenders:
+            progress(f"{workload.key}: starting {contender.name}")
+            try:
+                contender.start()
+                contender.run(min(0.3, seconds))  # warm-up: caches, first episodes
+            except Exception as exc:  # a library that fails is reported, not fatal
+                results[contender.name].error = f"{type(exc).__name__}: {exc}"
+                continue
+            started.append(contender)
+        for round_index in range(repeats):
+            for contender in started:
+                progress(f"{workload.key}: {contender.name} ({round_index + 1}/{repeats})")
+                cpu_before, clock_before = system.tree_cpu_seconds(), time.perf_counter()
+                steps = contender.run(seconds)
+                elapsed = time.perf_counter() - clock_before
+                cpu[contender.name][0] += system.tree_cpu_seconds() - cpu_before
+                cpu[contender.name][1] += steps
+                results[contender.name].rates.append(steps / elapsed)
+    finally:
+        for contender in started:
+            contender.close()
+    for contender in contenders:
+        used, steps = cpu[contender.name]
+        if steps:
+            results[contender.name].cpu_us_per_step = 1e6 * used / steps
+        results[contender.name].recv_latencies = contender.recv_latencies
+    return WorkloadResult(
+        workload.key,
+        workload.title,
+        workload.metric,
+        workload.num_envs,
+        workload.ideal,
+        workload.bytes_per_step,
+        list(results.values()),
+    )
+
+
+@dataclass
+class MemoryResult:
+    name: str
+    bytes: int
+
+
+def run_memory(num_envs: int = 64, progress: Progress = print) -> list[MemoryResult]:
+    """Proportional memory of ``num_envs`` CartPole envs (all processes) per library."""
+    env_fn = partial(gym.make, "CartPole-v1")
+    # Start the forkserver first, so no contender is charged for it.
+    aiovec.VecEnv([env_fn], backend="process").close()
+    results = []
+    for contender in lockstep_contenders(env_fn, num_envs, env_id="CartPole-v1"):
+        progress(f"memory: {contender.name}")
+        existing = set(system.descendant_pids())
+        before = system.proportional_memory([system.os.getpid()])
+        try:
+            contender.start()
+            contender.run(0.05)
+            new = [pid for pid in system.descendant_pids() if pid not in existing]
+            after = system.proportional_memory([system.os.getpid()])
+            results.append(
+                MemoryResult(contender.name, after - before + system.proportional_memory(new))
+            )
+        finally:
+            contender.close()
+    return results
+
+
+@dataclass
+class MachineResult:
+    cores: int
+    bare_step_us: float
+    ceiling_steps_per_s: float
+    pipe_round_trip_us: float
+
+
+def run_machine(env_id: str = "CartPole-v1") -> MachineResult:
+    """This machine's own limits, measured now: bare env step and pipe round trip."""
+    step = system.bare_step_seconds(partial(gym.make, env_id))
+    return MachineResult(
+        cores=CORES,
+        bare_step_us=step * 1e6,
+        ceiling_steps_per_s=CORES / step,
+        pipe_round_trip_us=system.pipe_round_trip_seconds() * 1e6,
+    )

@@ -1,0 +1,171 @@
+"""The benchmark workloads W1-W5 and the memory workload, as data."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import gymnasium as gym
+
+from aiovec.bench.contenders import (
+    AiovecFirstReady,
+    Contender,
+    EnvFn,
+    SB3Lockstep,
+    lockstep_contenders,
+    sb3_available,
+)
+
+CORES = os.cpu_count() or 1
+LARGE_OBS_BYTES = 84 * 84 * 4
+
+
+@dataclass
+class Workload:
+    """What to run and how to read the result.
+
+    ``metric`` is ``"steps/s"`` (higher is better) or ``"us/step"`` (per vector step,
+    lower is better). ``ideal`` (steps/s), when set, turns throughput into a fraction
+    of what the workload allows on this machine.
+    """
+
+    key: str
+    title: str
+    env_fn: EnvFn
+    num_envs: int
+    contenders: Callable[[], list[Contender]]
+    metric: str = "steps/s"
+    ideal: float | None = None
+    bytes_per_step: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _make(env_id: str, **kwargs: Any) -> EnvFn:
+    return partial(gym.make, env_id, **kwargs)
+
+
+def w1(num_envs: int, env_id: str = "CartPole-v1") -> Workload:
+    env_fn = _make(env_id)
+    return Workload(
+        key=f"W1-{num_envs}",
+        title=f"W1: {env_id}, {num_envs} envs, random actions (lockstep throughput)",
+        env_fn=env_fn,
+        num_envs=num_envs,
+        contenders=lambda: lockstep_contenders(env_fn, num_envs, env_id=env_id),
+    )
+
+
+def w2(num_envs: int) -> Workload:
+    env_fn = _make("aiovec/NoOp-v0")
+    return Workload(
+        key=f"W2-{num_envs}",
+        title=f"W2: no-op env, {num_envs} env(s) (overhead per vector step)",
+        env_fn=env_fn,
+        num_envs=num_envs,
+        contenders=lambda: lockstep_contenders(
+            env_fn, num_envs, include=("inline", "process", "sync", "async", "sb3")
+        ),
+        metric="us/step",
+    )
+
+
+def _latency_workload(
+    key: str, title: str, num_envs: int, mean: float, mode: str, ideal: float, workers: list[int]
+) -> Workload:
+    env_fn = _make(
+        "aiovec/VariableLatency-v0", mean_step_time=mean, sigma=1.0, max_step_time=0.05, mode=mode
+    )
+
+    def contenders() -> list[Contender]:
+        common = {"env_fn": env_fn, "num_envs": num_envs}
+        result: list[Contender] = []
+        for num_workers in workers:
+            result += lockstep_contenders(
+                env_fn,
+                num_envs,
+                include=("process",),
+                process_options={"num_workers": num_workers},
+            )
+            for batch_size in (num_envs // 2, 1):
+                contender = AiovecFirstReady(
+                    batch_size, {"backend": "process", "num_workers": num_workers}, **common
+                )
+                contender.name += f" {num_workers} workers"
+                result.append(contender)
+        result += lockstep_contenders(env_fn, num_envs, include=("sync", "async"))
+        if sb3_available():
+            result.append(SB3Lockstep("SubprocVecEnv", **common))
+        return result
+
+    return Workload(
+        key=key, title=title, env_fn=env_fn, num_envs=num_envs, contenders=contenders, ideal=ideal
+    )
+
+
+def w3(num_envs: int = 16) -> Workload:
+    mean = 0.002
+    return _latency_workload(
+        "W3",
+        f"W3: IO-like latency (sleep, lognormal mean 2 ms), {num_envs} envs",
+        num_envs,
+        mean,
+        "sleep",
+        ideal=num_envs / mean,
+        workers=[num_envs],
+    )
+
+
+def w4(num_envs: int = 8) -> Workload:
+    mean = 0.0005
+    return _latency_workload(
+        "W4",
+        f"W4: CPU-bound latency (busy, lognormal mean 0.5 ms), {num_envs} envs",
+        num_envs,
+        mean,
+        "busy",
+        ideal=CORES / mean,
+        workers=sorted({min(CORES, num_envs), num_envs}),
+    )
+
+
+def w5(num_envs: int = 8) -> Workload:
+    env_fn = _make("aiovec/LargeObs-v0")
+
+    def contenders() -> list[Contender]:
+        result = []
+        for copy in (True, False):
+            for contender in lockstep_contenders(
+                env_fn, num_envs, copy=copy, include=("inline", "process", "sync", "async")
+            ):
+                contender.name += " copy" if copy else " zero-copy"
+                result.append(contender)
+        return result
+
+    return Workload(
+        key="W5",
+        title=f"W5: 84x84x4 uint8 observations, {num_envs} envs (throughput and MB/s)",
+        env_fn=env_fn,
+        num_envs=num_envs,
+        contenders=contenders,
+        bytes_per_step=LARGE_OBS_BYTES,
+    )
+
+
+def workload(key: str, num_envs: int | None = None, env_id: str | None = None) -> list[Workload]:
+    """The workloads named ``key`` (``W1`` expands to 8 and 64 envs unless given)."""
+    key = key.upper()
+    if key == "W1":
+        counts = [num_envs] if num_envs else [8, 64]
+        return [w1(n, env_id or "CartPole-v1") for n in counts]
+    if key == "W2":
+        return [w2(n) for n in ([num_envs] if num_envs else [1, 8])]
+    if key == "W3":
+        return [w3(num_envs or 16)]
+    if key == "W4":
+        return [w4(num_envs or 8)]
+    if key == "W5":
+        return [w5(num_envs or 8)]
+    raise ValueError(f"unknown workload {key!r}: choose from W1, W2, W3, W4, W5, memory")

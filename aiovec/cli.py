@@ -1,0 +1,170 @@
+"""The ``aiovec`` command: ``aiovec bench`` and ``aiovec tune ENV_ID``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+DEFAULT_WORKLOADS = "W1,W3"
+
+
+@contextmanager
+def _progress(enabled: bool):
+    """A rich spinner with a changing description; yields ``describe(text)``."""
+    if not enabled:
+        yield lambda text: None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True
+    ) as progress:
+        task = progress.add_task("starting", total=None)
+        yield lambda text: progress.update(task, description=text)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from aiovec.bench import report, suite, workloads
+
+    keys = [key.strip() for key in args.workloads.split(",") if key.strip()]
+    counts = [int(n) for n in args.num_envs.split(",")] if args.num_envs else [None]
+    selected = []
+    for key in keys:
+        if key.lower() == "memory":
+            continue
+        for count in counts:
+            selected += workloads.workload(key, count, args.env_id)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    memory = None
+    with _progress(not args.quiet) as describe:
+        describe("measuring this machine")
+        machine = suite.run_machine(args.env_id or "CartPole-v1")
+        for workload in selected:
+            results.append(suite.run_workload(workload, args.seconds, args.repeats, describe))
+        if any(key.lower() == "memory" for key in keys):
+            memory = suite.run_memory(progress=describe)
+    sections = [report.machine_table(machine)]
+    sections += [report.workload_table(result) for result in results]
+    if memory:
+        sections.append(report.memory_table(memory))
+    text = "\n\n".join(sections) + "\n"
+    print(text)
+    (out / "results.md").write_text(text)
+    written = [out / "results.md"]
+    if results and not args.no_plots:
+        written += report.plot(results, out)
+    data = report.to_json(results, memory, machine)
+    if args.json:
+        report.write_json(Path(args.json), data)
+        written.append(Path(args.json))
+    report.write_json(out / "results.json", data)
+    written.append(out / "results.json")
+    print("wrote " + ", ".join(str(path) for path in written))
+    return 0
+
+
+def tune(args: argparse.Namespace) -> int:
+    import aiovec
+
+    cores = os.cpu_count() or 1
+    workers_grid = sorted({1, *range(2, cores + 1), 2 * cores})
+    per_worker_grid = [1, 4, 16]
+    configs: list[dict[str, Any]] = [
+        {"backend": "process", "num_workers": w, "num_envs": w * k}
+        for w in workers_grid
+        for k in per_worker_grid
+    ]
+    configs += [
+        {"backend": "inline", "num_envs": n} for n in sorted({cores * k for k in per_worker_grid})
+    ]
+    rows = []
+    with _progress(not args.quiet) as describe:
+        for config in configs:
+            options = dict(config)
+            num_envs = options.pop("num_envs")
+            describe(f"tune {args.env_id}: {num_envs} envs, {options}")
+            rate = _measure(aiovec, args.env_id, num_envs, options, args.seconds, args.repeats)
+            rows.append((rate, num_envs, config))
+    rows.sort(key=lambda row: row[0], reverse=True)
+    print("| steps/s (median) | num_envs | backend | num_workers |\n|---|---|---|---|")
+    for rate, num_envs, config in rows:
+        print(
+            f"| {rate:,.0f} | {num_envs} | {config['backend']} | {config.get('num_workers', '-')} |"
+        )
+    rate, num_envs, config = rows[0]
+    call = f'aiovec.make("{args.env_id}", num_envs={num_envs}, backend="{config["backend"]}"'
+    if "num_workers" in config:
+        call += f", num_workers={config['num_workers']}"
+    print(f"\nrecommended on this machine ({rate:,.0f} steps/s):\n    {call})")
+    return 0
+
+
+def _measure(aiovec: Any, env_id: str, num_envs: int, options: dict, seconds: float, repeats: int):
+    with aiovec.make(env_id, num_envs, **options) as envs:
+        envs.reset(seed=0)
+        envs.action_space.seed(0)
+        actions = [envs.action_space.sample() for _ in range(8)]
+        rates = []
+        for window in range(repeats + 1):  # the first window warms up
+            steps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                envs.step(actions[steps % len(actions)])
+                steps += 1
+            if window:
+                rates.append(steps * num_envs / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aiovec", description="aiovec command-line tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    bench_parser = commands.add_parser(
+        "bench",
+        help="compare aiovec with Gymnasium (and SB3 if installed) on built-in workloads",
+        description="Runs workloads W1-W5 (and 'memory') and reports medians of repeated "
+        "windows, as ratios to Gymnasium's vector envs measured in the same run.",
+    )
+    bench_parser.add_argument(
+        "--workloads",
+        default=DEFAULT_WORKLOADS,
+        help="comma-separated: W1 (CartPole), W2 (no-op overhead), W3 (IO latency), "
+        "W4 (CPU latency), W5 (large observations), memory (default: %(default)s)",
+    )
+    bench_parser.add_argument("--env-id", default=None, help="env id for W1 (default CartPole-v1)")
+    bench_parser.add_argument("--num-envs", default=None, help="comma-separated env counts")
+    bench_parser.add_argument("--seconds", type=float, default=0.4, help="length of one window")
+    bench_parser.add_argument("--repeats", type=int, default=3, help="windows per contender")
+    bench_parser.add_argument("--out", default="bench-results", help="output folder")
+    bench_parser.add_argument("--json", default=None, help="also write the JSON results here")
+    bench_parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench_parser.add_argument("--quiet", action="store_true", help="no progress display")
+    bench_parser.set_defaults(handler=bench)
+
+    tune_parser = commands.add_parser(
+        "tune",
+        help="find the fastest num_envs / workers / backend for an env on this machine",
+    )
+    tune_parser.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
+    tune_parser.add_argument("--seconds", type=float, default=0.3, help="length of one window")
+    tune_parser.add_argument("--repeats", type=int, default=2, help="windows per configuration")
+    tune_parser.add_argument("--quiet", action="store_true", help="no progress display")
+    tune_parser.set_defaults(handler=tune)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Smoke tests of the command line on a tiny budget (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aiovec.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_bench_writes_table_plots_and_json(tmp_path):
+    result = run_cli(
+        "bench",
+        "--workloads", "W1,W3,memory",
+        "--num-envs", "2",
+        "--seconds", "0.05",
+        "--repeats", "1",
+        "--out", str(tmp_path / "out"),
+        "--json", str(tmp_path / "results.json"),
+        "--quiet",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "gymnasium AsyncVectorEnv" in result.stdout
+    assert "aiovec process" in result.stdout
+    for name in ("results.md", "throughput.png", "recv_latency_cdf.png", "results.json"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["machine"]["pipe_round_trip_us"] > 0
+    keys = [workload["key"] for workload in data["workloads"]]
+    assert keys == ["W1-2", "W3"]
+    rates = {r["name"]: r["median_steps_per_s"] for r in data["workloads"][0]["results"]}
+    assert rates["aiovec inline"] > 0 and rates["gymnasium SyncVectorEnv"] > 0
+    assert {m["name"] for m in data["memory"]} >= {"aiovec process", "gymnasium AsyncVectorEnv"}
+
+
+def test_tune_recommends_a_call(tmp_path):
+    result = run_cli(
+        "tune", "aiovec/NoOp-v0", "--seconds", "0.02", "--repeats", "1", "--quiet", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert 'aiovec.make("aiovec/NoOp-v0", num_envs=' in result.stdout
+
+
+def test_unknown_workload_is_an_error(tmp_path):
+    result = run_cli("bench", "--workloads", "W9", "--quiet", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "unknown workload 'W9'" in result.stderr
