@@ -7,7 +7,9 @@ its step time and the share of that time spent on the CPU:
   cross-process round trip costs, run inline (IPC cannot pay for itself);
 - envs that mostly wait (sleep, IO) get one worker per env, up to a cap, because
   waiting costs no core;
-- CPU-bound envs get one worker per core.
+- CPU-bound envs are split evenly between ``cores - 1`` workers and this process,
+  which steps its share while the workers step theirs (no core sleeps through a
+  wake-up).
 """
 
 from __future__ import annotations
@@ -66,4 +68,9 @@ def choose_backend(env_fn: Callable[[], gym.Env], num_envs: int) -> dict[str, An
     parallel_time = inline_time / min(cores, num_envs) + IPC_ROUND_TRIP
     if cores == 1 or inline_time <= parallel_time:
         return {"backend": "inline"}
-    return {"backend": "process", "num_workers": min(cores, num_envs)}
+    processes = min(cores, num_envs)
+    return {
+        "backend": "process",
+        "num_workers": processes - 1,
+        "inline_envs": num_envs // processes,
+    }

@@ -86,10 +86,11 @@ def make(
     if backend == "auto":
         chosen = choose_backend(factory, num_envs)
         backend = chosen.pop("backend")
-        if backend == "inline":
+        if backend == "inline":  # worker options mean nothing in-process
             options.pop("num_workers", None)
-        for key, value in chosen.items():
-            options.setdefault(key, value)
+            options.pop("inline_envs", None)
+        elif "num_workers" not in options:  # a worker count the user gave wins
+            options = {**chosen, **options}
     venv = VecEnv([factory] * num_envs, backend=backend, **options)
     venv.spec = spec
     return venv

@@ -78,7 +78,9 @@ class Scheduler:
         worker_of = self.worker_of
         for env_id in env_ids:
             groups.setdefault(int(worker_of[env_id]), []).append(int(env_id))
-        return [(worker, group, group) for worker, group in groups.items()]
+        # By worker index: a group the agent's process steps itself comes last, after
+        # every worker has its command.
+        return [(worker, group, group) for worker, group in sorted(groups.items())]
 
     def check_alive(self, env_ids: Iterable[int]) -> None:
         """Raise the crash of the first dead worker hosting one of ``env_ids``."""

@@ -40,7 +40,11 @@ def _die_with_parent() -> None:
 
 
 def worker_main(
-    sock: socket.socket, factories: bytes, first_env_id: int, autoreset_mode: str
+    sock: socket.socket,
+    factories: bytes,
+    first_env_id: int,
+    autoreset_mode: str,
+    spin: float = 0.0,
 ) -> None:
     """Entry point of a worker process; returns when the parent says so or goes away."""
     _die_with_parent()
@@ -68,17 +72,17 @@ def worker_main(
             host.attach(
                 build_buffers(observation_space, action_space, num_envs, region.allocator())
             )
-            _serve(connection, host)
+            _serve(connection, host, spin)
         finally:
             host.close()
     except (EOFError, ConnectionError):
         pass  # the parent is gone: there is nobody to report to
 
 
-def _serve(connection: Channel, host: EnvHost) -> None:
+def _serve(connection: Channel, host: EnvHost, spin: float) -> None:
     receive, send = connection.receive, connection.send
     while True:
-        command = decode_command(receive())
+        command = decode_command(receive(spin))
         if isinstance(command, Close):
             return
         reply = host.execute(command)

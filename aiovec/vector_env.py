@@ -64,6 +64,13 @@ class VecEnv(VectorEnv):
         context: multiprocessing start method; default ``"forkserver"`` where
             available, else ``"spawn"``.
         close_timeout: seconds :meth:`close` waits for workers before killing them.
+        inline_envs: process backend only: how many envs (the last ones) this process
+            steps itself while the workers step the rest. On few cores this hides a
+            cross-core wake-up per step in lockstep; their steps block the event loop,
+            so keep it 0 for envs that wait (sleep, IO).
+        spin: seconds a waiting side polls before sleeping (process backend). Default:
+            200 µs when there are more cores than workers, else 0 (spinning only pays
+            while a core would otherwise idle).
 
     Raises:
         aiovec.EnvError: an env factory raised (names the env index).
@@ -84,6 +91,8 @@ class VecEnv(VectorEnv):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         context: str | None = None,
         close_timeout: float = 5.0,
+        inline_envs: int = 0,
+        spin: float | None = None,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -102,9 +111,24 @@ class VecEnv(VectorEnv):
         self.close_timeout = close_timeout
         self._pending: tuple[str, Any] | None = None  # for the *_async/*_wait methods
 
-        self._backend = _make_backend(backend, env_fns, self.autoreset_mode, num_workers, context)
+        if backend == "inline":
+            from aiovec.backends.inline import InlineBackend
+
+            self._backend: Backend = InlineBackend(env_fns, self.autoreset_mode)
+        else:
+            from aiovec.backends.process import ProcessBackend
+
+            self._backend = ProcessBackend(
+                env_fns,
+                self.autoreset_mode,
+                num_workers=num_workers,
+                context=context,
+                spin=spin,
+                inline_envs=inline_envs,
+            )
         self.backend = backend
-        self.num_workers = len(self._backend.groups) if backend == "process" else 0
+        self.num_workers = len(getattr(self._backend, "_processes", ()))
+        self.inline_envs = inline_envs if backend == "process" else self.num_envs
         try:
             self._set_spaces(self._backend.descriptions)
             self._buffers = self._backend.attach(
@@ -596,22 +620,6 @@ class VecEnv(VectorEnv):
             raise ValueError(f"env_ids {ids.tolist()} contains duplicates")
         as_list = ids.tolist()
         return as_list, as_list
-
-
-def _make_backend(
-    name: str,
-    env_fns: list[Callable[[], gym.Env]],
-    autoreset_mode: AutoresetMode,
-    num_workers: int | None,
-    context: str | None,
-) -> Backend:
-    if name == "inline":
-        from aiovec.backends.inline import InlineBackend
-
-        return InlineBackend(env_fns, autoreset_mode)
-    from aiovec.backends.process import ProcessBackend
-
-    return ProcessBackend(env_fns, autoreset_mode, num_workers=num_workers, context=context)
 
 
 def _reset_mask_ids(reset_mask: Any, num_envs: int) -> list[int]:

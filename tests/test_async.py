@@ -228,3 +228,24 @@ def test_unknown_loop_kind_is_rejected():
     with pytest.raises(ValueError, match="loop must be one of"):
         aiovec.run(coroutine, loop="trio")
     coroutine.close()
+
+
+@pytest.mark.parametrize("inline_envs", [1, 3])
+async def test_main_process_share_behaves_like_workers(inline_envs):
+    """With inline_envs, the agent's process steps the last envs itself: same results."""
+    async with aiovec.VecEnv(counter_envs(5), num_workers=2, inline_envs=inline_envs) as venv:
+        assert venv.num_workers == 2 and venv.inline_envs == inline_envs
+        observations, _ = await venv.areset()
+        assert observations[:, 0].tolist() == [0, 1, 2, 3, 4]
+        result = await venv.astep(np.array([0, 1, 0, 1, 0]))
+        assert result[1].tolist() == [1.0] * 5
+        assert result[4]["action"].tolist() == [0, 1, 0, 1, 0]
+        venv.send([1, 1], env_ids=[4, 0])  # a local env listed first still waits for no one
+        batch = await venv.recv(min_envs=2)
+        assert sorted(batch.env_ids.tolist()) == [0, 4]
+        assert await venv.acall("env_index") == (0, 1, 2, 3, 4)
+
+
+def test_bad_inline_envs_is_rejected():
+    with pytest.raises(ValueError, match="inline_envs"):
+        aiovec.VecEnv(counter_envs(2), inline_envs=2)

@@ -82,15 +82,23 @@ def run_episodes(
     return record
 
 
+CONFIGS = {
+    "inline": {"backend": "inline"},
+    "process": {"backend": "process", "num_workers": 2},
+    "process+main": {"backend": "process", "num_workers": 1, "inline_envs": 1},
+}
+
+
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @pytest.mark.parametrize("case", list(SPACE_CASES))
-def test_same_results_as_sync_vector_env(backend, case, mode):
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_same_results_as_sync_vector_env(config, case, mode):
     observation_space, action_space = SPACE_CASES[case]
     env_fns = [partial(SpacesEnv, observation_space, action_space) for _ in range(3)]
     expected_env = SyncVectorEnv(env_fns, autoreset_mode=mode)
     expected = run_episodes(expected_env, mode)
     expected_env.close()
-    with aiovec.VecEnv(env_fns, backend=backend, autoreset_mode=mode, num_workers=2) as venv:
+    with aiovec.VecEnv(env_fns, autoreset_mode=mode, **CONFIGS[config]) as venv:
         assert venv.single_observation_space == expected_env.single_observation_space
         assert venv.single_action_space == expected_env.single_action_space
         assert venv.observation_space == expected_env.observation_space

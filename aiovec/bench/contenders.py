@@ -6,6 +6,7 @@ has in flight at the end of a window carries over to the next one.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -163,7 +164,7 @@ def lockstep_contenders(
     env_id: str | None = None,
     env_kwargs: dict | None = None,
     copy: bool = True,
-    include: tuple[str, ...] = ("auto", "inline", "process", "sync", "async", "sb3"),
+    include: tuple[str, ...] = ("auto", "inline", "process", "hybrid", "sync", "async", "sb3"),
     process_options: dict[str, Any] | None = None,
 ) -> list[Contender]:
     """aiovec (auto, inline, process) and the libraries users would otherwise pick."""
@@ -185,6 +186,17 @@ def lockstep_contenders(
                 "aiovec inline",
                 "aiovec",
                 partial(aiovec.VecEnv, fns, backend="inline", copy=copy),
+                **common,
+            )
+        )
+    if "hybrid" in include and num_envs > 1:
+        cores = min(os.cpu_count() or 1, num_envs)
+        options = {"num_workers": max(cores - 1, 1), "inline_envs": num_envs // max(cores, 2)}
+        contenders.append(
+            GymnasiumLockstep(
+                f"aiovec process ({options['num_workers']} workers + main process)",
+                "aiovec",
+                partial(aiovec.VecEnv, fns, backend="process", copy=copy, **options),
                 **common,
             )
         )

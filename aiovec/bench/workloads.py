@@ -66,7 +66,7 @@ def w2(num_envs: int) -> Workload:
         env_fn=env_fn,
         num_envs=num_envs,
         contenders=lambda: lockstep_contenders(
-            env_fn, num_envs, include=("inline", "process", "sync", "async", "sb3")
+            env_fn, num_envs, include=("inline", "process", "hybrid", "sync", "async", "sb3")
         ),
         metric="us/step",
     )
