@@ -16,6 +16,7 @@ from aiovec.errors import (
     EnvError,
     FactoryPicklingError,
     NothingInFlightError,
+    StepTimeoutError,
     SyncCallInEventLoopError,
     WorkerCrashedError,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "EnvError",
     "FactoryPicklingError",
     "NothingInFlightError",
+    "StepTimeoutError",
     "SyncCallInEventLoopError",
     "VecEnv",
     "WorkerCrashedError",

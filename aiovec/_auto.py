@@ -25,7 +25,7 @@ import gymnasium as gym
 #: figure for a loaded 2-core machine; `aiovec bench` measures the real one.
 IPC_ROUND_TRIP = 150e-6
 #: Below this CPU share of the step time, an env counts as waiting (IO-bound).
-WAITING_CPU_SHARE = 0.5
+WAITING_CPU_SHARE = 0.25
 MAX_WAITING_WORKERS = 64
 PROBE_SECONDS = 0.02
 PROBE_MAX_STEPS = 200

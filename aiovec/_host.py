@@ -64,13 +64,30 @@ def describe(env: gym.Env) -> tuple[Any, ...]:
 
 
 class EnvHost:
-    """Executes :mod:`aiovec._protocol` commands on ``envs`` (keyed by global env id)."""
+    """Executes :mod:`aiovec._protocol` commands on ``envs`` (keyed by global env id).
+
+    With ``env_fns`` and ``max_restarts > 0``, an env that raises in ``step`` is rebuilt
+    from its factory, reset, and answers that step with its fresh observation,
+    ``truncated=True`` and ``info["restarted"] = True`` (plus ``"restart_reason"``),
+    unless it failed more than ``max_restarts`` times in a row: then the error is
+    reported as usual. :meth:`notify_restart` gives every env the same treatment on its
+    next step (used when a whole worker was rebuilt).
+    """
 
     def __init__(
-        self, envs: dict[int, gym.Env], autoreset_mode: AutoresetMode, buffers: Buffers | None
+        self,
+        envs: dict[int, gym.Env],
+        autoreset_mode: AutoresetMode,
+        buffers: Buffers | None,
+        env_fns: dict[int, Callable[[], gym.Env]] | None = None,
+        max_restarts: int = 0,
     ) -> None:
         self.envs = envs
         self.autoreset_mode = autoreset_mode
+        self._env_fns = env_fns or {}
+        self._max_restarts = max_restarts if env_fns else 0
+        self._failures_in_a_row = dict.fromkeys(envs, 0)
+        self._restart_notices: dict[int, str] = {}  # env id -> why it was rebuilt
         self._observation_space = next(iter(envs.values())).observation_space
         self._needs_reset = dict.fromkeys(envs, False)
         # Observations of spaces that are not in shared memory, sent back in the reply.
@@ -92,6 +109,7 @@ class EnvHost:
         infos: list[Any] = [None] * len(env_ids)
         values: list[Any] | None = None
         errors: list[ErrorInfo] | None = None
+        self._progressed = not isinstance(command, Step)  # a step must prove it
         if isinstance(command, Step):
             operation = "step"
             for position, env_id in enumerate(env_ids):
@@ -103,7 +121,10 @@ class EnvHost:
                 try:
                     infos[position] = self._step(env_id, action)
                 except Exception as exc:
-                    errors = (errors or []) + [error_info(env_id, operation, exc)]
+                    try:
+                        infos[position] = self._recover(env_id, exc)
+                    except Exception as final:
+                        errors = (errors or []) + [error_info(env_id, operation, final)]
         elif isinstance(command, Reset):
             operation = "reset"
             for position, env_id in enumerate(env_ids):
@@ -142,9 +163,11 @@ class EnvHost:
             values=values,
             observations=observations,
             errors=errors,
+            progressed=self._progressed,
         )
 
     def _reset(self, env_id: int, seed: int | None, options: dict | None) -> dict:
+        self._restart_notices.pop(env_id, None)  # a reset answers for any restart
         observation, info = self.envs[env_id].reset(seed=seed, options=options)
         self._write_observation(env_id, observation)
         self.buffers.terminations[env_id] = False
@@ -152,9 +175,38 @@ class EnvHost:
         self._needs_reset[env_id] = False
         return info
 
+    def notify_restart(self, reason: str) -> None:
+        """Every env's next step reports a restart (its env was just rebuilt)."""
+        self._restart_notices = dict.fromkeys(self.envs, reason)
+
+    def _recover(self, env_id: int, exc: Exception) -> dict:
+        """Rebuild env ``env_id`` after ``exc`` and answer with its reset; re-raise
+        ``exc`` when restarting is off or the env keeps failing."""
+        self._failures_in_a_row[env_id] += 1
+        if self._failures_in_a_row[env_id] > self._max_restarts:
+            raise exc
+        _close_quietly(self.envs[env_id])
+        self.envs[env_id] = self._env_fns[env_id]()
+        return self._restarted_step(env_id, f"{type(exc).__qualname__}: {exc}")
+
+    def _restarted_step(self, env_id: int, reason: str) -> dict:
+        observation, info = self.envs[env_id].reset()
+        self._write_observation(env_id, observation)
+        self.buffers.rewards[env_id] = 0.0
+        self.buffers.terminations[env_id] = False
+        self.buffers.truncations[env_id] = True
+        # NEXT_STEP treats the truncation like any other: the next step resets again.
+        self._needs_reset[env_id] = self.autoreset_mode is AutoresetMode.NEXT_STEP
+        return {**info, "restarted": True, "restart_reason": reason}
+
     def _step(self, env_id: int, action: Any) -> dict:
+        if self._restart_notices:
+            reason = self._restart_notices.pop(env_id, None)
+            if reason is not None:
+                return self._restarted_step(env_id, reason)
         env = self.envs[env_id]
-        if self.autoreset_mode is AutoresetMode.NEXT_STEP and self._needs_reset[env_id]:
+        stepped = not (self.autoreset_mode is AutoresetMode.NEXT_STEP and self._needs_reset[env_id])
+        if not stepped:
             observation, info = env.reset()
             reward, terminated, truncated = 0.0, False, False
         else:
@@ -168,6 +220,9 @@ class EnvHost:
         self.buffers.terminations[env_id] = terminated
         self.buffers.truncations[env_id] = truncated
         self._needs_reset[env_id] = bool(terminated or truncated)
+        if stepped:  # a real step went through: whatever failed before is not a loop
+            self._failures_in_a_row[env_id] = 0
+            self._progressed = True
         return info
 
     def _write_observation(self, env_id: int, observation: Any) -> None:

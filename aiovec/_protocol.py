@@ -76,7 +76,8 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     """The outcome of one command: per-env infos/values, and errors of envs that raised.
 
     ``infos`` and ``values`` are aligned with ``env_ids``; ``observations`` is set only
-    for observation spaces that are not in shared memory.
+    for observation spaces that are not in shared memory. ``progressed`` is false when
+    no env did real work (only autoresets and restart notices): a crash loop.
     """
 
     seq: int
@@ -85,6 +86,7 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     values: Any = None
     observations: Any = None
     errors: Union[list[ErrorInfo], None] = None
+    progressed: bool = True
 
 
 class Hello(msgspec.Struct, array_like=True, tag=True):

@@ -12,6 +12,7 @@ Messages are applied synchronously (:meth:`Scheduler.dispatch`), never across an
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -21,7 +22,9 @@ import numpy as np
 
 from aiovec._protocol import Command, Reply
 from aiovec.backends._base import Backend, Message, WorkerExit
-from aiovec.errors import WorkerCrashedError
+from aiovec.errors import StepTimeoutError, WorkerCrashedError
+
+logger = logging.getLogger("aiovec")
 
 IDLE, BUSY, READY = 0, 1, 2
 
@@ -29,10 +32,17 @@ IDLE, BUSY, READY = 0, 1, 2
 class Ticket:
     """One command sent to one worker, and what came back."""
 
-    __slots__ = ("worker", "env_ids", "rows", "is_step", "done", "reply", "failure", "errors")
+    __slots__ = (
+        "worker", "env_ids", "rows", "is_step", "command", "sent_at",
+        "done", "reply", "failure", "errors",
+    )  # fmt: skip
 
-    def __init__(self, worker: int, env_ids: list[int], rows: Any, is_step: bool) -> None:
+    def __init__(
+        self, worker: int, env_ids: list[int], rows: Any, is_step: bool, command: Command
+    ) -> None:
         self.worker = worker
+        self.command = command  # kept to send again to a restarted worker
+        self.sent_at = time.monotonic()
         self.env_ids = env_ids
         self.rows = rows  # env_ids as an index into per-env arrays (a slice when contiguous)
         self.is_step = is_step
@@ -45,8 +55,22 @@ class Ticket:
 class Scheduler:
     """Tracks which env is doing what; routes backend messages to tickets and the ready-queue."""
 
-    def __init__(self, backend: Backend, num_envs: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        num_envs: int,
+        *,
+        restart: bool = False,
+        max_restarts: int = 0,
+        step_timeout: float | None = None,
+    ) -> None:
         self.backend = backend
+        self.restart = restart
+        self.max_restarts = max_restarts
+        self.step_timeout = step_timeout
+        self.worker_restarts = [0] * len(backend.groups)  # total, per worker
+        self._crashes_in_a_row = [0] * len(backend.groups)
+        self._timed_out: dict[int, list[int]] = {}  # worker -> env ids it was killed for
         self.state = np.full(num_envs, IDLE, dtype=np.int8)
         self.worker_of = np.empty(num_envs, dtype=np.intp)
         for worker, group in enumerate(backend.groups):
@@ -100,8 +124,9 @@ class Scheduler:
         tickets = []
         for worker, group, rows in self.split(env_ids):
             seq = next(self._sequence)
-            ticket = Ticket(worker, group, rows, is_step)
-            self.backend.submit(worker, make_command(seq, group))
+            command = make_command(seq, group)
+            ticket = Ticket(worker, group, rows, is_step, command)
+            self.backend.submit(worker, command)
             self._tickets[seq] = ticket
             self.state[rows] = BUSY
             self.num_busy += len(group)
@@ -121,32 +146,67 @@ class Scheduler:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while not condition():
+            now = time.monotonic()
             remaining = None
             if deadline is not None:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0:
                     raise TimeoutError(f"no result within {timeout} s")
+            if self.step_timeout is not None and self._tickets:
+                expires = min(t.sent_at for t in self._tickets.values()) + self.step_timeout
+                if expires <= now:
+                    self._kill_late_workers(now)
+                    expires = now + 0.05  # the kill is reported through the sentinel
+                remaining = expires - now if remaining is None else min(remaining, expires - now)
             if self.blocking:
                 self.dispatch(self.backend.wait_blocking(remaining))
             else:
                 self.dispatch(await self.backend.wait(remaining))
 
+    def _kill_late_workers(self, now: float) -> None:
+        for ticket in self._tickets.values():
+            late = now - ticket.sent_at >= self.step_timeout
+            if late and ticket.worker not in self._timed_out:
+                self._timed_out[ticket.worker] = ticket.env_ids
+                self.backend.kill(ticket.worker)
+
     def dispatch(self, messages: list[Message]) -> None:
         """Apply what the workers said: finish tickets, fill the ready-queue."""
         for worker, message in messages:
             if isinstance(message, WorkerExit):
-                crash = WorkerCrashedError(
-                    worker, self.backend.groups[worker], message.exitcode, message.hint
-                )
-                self.dead_workers[worker] = crash
-                for seq, ticket in list(self._tickets.items()):
-                    if ticket.worker == worker:
-                        del self._tickets[seq]
-                        self._finish(ticket, None, crash)
+                self._worker_exited(worker, message)
                 continue
             ticket = self._tickets.pop(message.seq, None)
             if ticket is not None:  # else: a late reply to a request given up on
+                if message.progressed:  # real work happened: not a crash loop
+                    self._crashes_in_a_row[worker] = 0
                 self._finish(ticket, message, None)
+
+    def _worker_exited(self, worker: int, exit: WorkerExit) -> None:
+        group = self.backend.groups[worker]
+        timed_out = self._timed_out.pop(worker, None)
+        if timed_out is not None:
+            crash: WorkerCrashedError = StepTimeoutError(
+                worker, group, timed_out, self.step_timeout
+            )
+        else:
+            crash = WorkerCrashedError(worker, group, exit.exitcode, exit.hint)
+        in_flight = sorted(
+            (seq, ticket) for seq, ticket in self._tickets.items() if ticket.worker == worker
+        )
+        if self.restart and self._crashes_in_a_row[worker] < self.max_restarts:
+            self._crashes_in_a_row[worker] += 1
+            self.worker_restarts[worker] += 1
+            logger.warning("restarting worker %d after: %s", worker, crash)
+            self.backend.restart(worker, str(crash))
+            for _, ticket in in_flight:  # the new envs answer with restart notices
+                ticket.sent_at = time.monotonic()
+                self.backend.submit(worker, ticket.command)
+            return
+        self.dead_workers[worker] = crash
+        for seq, ticket in in_flight:
+            del self._tickets[seq]
+            self._finish(ticket, None, crash)
 
     def _finish(self, ticket: Ticket, reply: Reply | None, failure: Exception | None) -> None:
         ticket.done, ticket.reply, ticket.failure = True, reply, failure

@@ -45,6 +45,8 @@ def worker_main(
     first_env_id: int,
     autoreset_mode: str,
     spin: float = 0.0,
+    max_restarts: int = 0,
+    restart_reason: str | None = None,
 ) -> None:
     """Entry point of a worker process; returns when the parent says so or goes away."""
     _die_with_parent()
@@ -53,14 +55,19 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         try:
-            envs = build_envs(cloudpickle.loads(factories))
+            env_fns = cloudpickle.loads(factories)
+            envs = build_envs(env_fns)
         except EnvBuildError as exc:
             connection.send(encode(Hello(error=exc.info)))
             return
         except Exception as exc:  # the factories could not even be unpickled here
             connection.send(encode(Hello(error=error_info(first_env_id, "unpickle", exc))))
             return
-        host = EnvHost(envs, AutoresetMode(autoreset_mode), buffers=None)
+        host = EnvHost(
+            envs, AutoresetMode(autoreset_mode), None, env_fns=env_fns, max_restarts=max_restarts
+        )
+        if restart_reason is not None:  # this worker replaces one that failed
+            host.notify_restart(restart_reason)
         try:
             connection.send(
                 encode(Hello(spaces=cloudpickle.dumps([describe(env) for env in envs.values()])))

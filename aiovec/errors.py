@@ -96,6 +96,30 @@ def _describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+class StepTimeoutError(WorkerCrashedError):
+    """Envs did not answer within ``step_timeout``: their worker was killed.
+
+    Attributes:
+        timed_out: the env ids whose command was late.
+        timeout: the ``step_timeout`` in force, in seconds.
+    """
+
+    def __init__(
+        self, worker_index: int, env_ids: Sequence[int], timed_out: Sequence[int], timeout: float
+    ) -> None:
+        self.timed_out = list(timed_out)
+        self.timeout = timeout
+        AiovecError.__init__(
+            self,
+            f"envs {self.timed_out} did not answer within step_timeout={timeout} s; "
+            f"worker {worker_index} hosting envs {list(env_ids)} was killed",
+        )
+        self.worker_index, self.env_ids, self.exitcode = worker_index, list(env_ids), None
+
+    def __reduce__(self):
+        return (type(self), (self.worker_index, self.env_ids, self.timed_out, self.timeout))
+
+
 class ClosedError(AiovecError, gymnasium.error.ClosedEnvironmentError):
     """The vector env was used after :meth:`~aiovec.VecEnv.close`."""
 

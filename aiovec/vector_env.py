@@ -71,6 +71,16 @@ class VecEnv(VectorEnv):
         spin: seconds a waiting side polls before sleeping (process backend). Default:
             200 µs when there are more cores than workers, else 0 (spinning only pays
             while a core would otherwise idle).
+        on_failure: ``"raise"`` reports a failing env (exception, crash, timeout) as an
+            error; ``"restart"`` rebuilds it from its factory instead: that env's result
+            is then a fresh reset observation with ``truncated=True``, reward 0 and
+            ``info["restarted"] = True`` (with ``info["restart_reason"]``), so training
+            goes on. Counted in :attr:`restart_counts`.
+        max_restarts: with ``on_failure="restart"``, how many failures in a row an env
+            (or a worker) may have before the error is raised after all.
+        step_timeout: process backend: seconds an env may take to answer a command;
+            past that its worker is killed and :class:`aiovec.StepTimeoutError` names
+            the late envs (or, with ``"restart"``, the worker is rebuilt).
 
     Raises:
         aiovec.EnvError: an env factory raised (names the env index).
@@ -93,6 +103,9 @@ class VecEnv(VectorEnv):
         close_timeout: float = 5.0,
         inline_envs: int = 0,
         spin: float | None = None,
+        on_failure: str = "raise",
+        max_restarts: int = 3,
+        step_timeout: float | None = None,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -105,6 +118,14 @@ class VecEnv(VectorEnv):
                 )
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if on_failure not in ("raise", "restart"):
+            raise ValueError(f"on_failure must be 'raise' or 'restart', got {on_failure!r}")
+        if step_timeout is not None and (backend != "process" or step_timeout <= 0):
+            raise ValueError(
+                "step_timeout needs backend='process' (an env in this process cannot be "
+                f"interrupted) and a positive number of seconds, got {step_timeout!r}"
+            )
+        restarts = max_restarts if on_failure == "restart" else 0
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.num_envs = len(env_fns)
         self.copy = copy
@@ -114,7 +135,7 @@ class VecEnv(VectorEnv):
         if backend == "inline":
             from aiovec.backends.inline import InlineBackend
 
-            self._backend: Backend = InlineBackend(env_fns, self.autoreset_mode)
+            self._backend: Backend = InlineBackend(env_fns, self.autoreset_mode, restarts)
         else:
             from aiovec.backends.process import ProcessBackend
 
@@ -125,6 +146,7 @@ class VecEnv(VectorEnv):
                 context=context,
                 spin=spin,
                 inline_envs=inline_envs,
+                max_restarts=restarts,
             )
         self.backend = backend
         self.num_workers = len(getattr(self._backend, "_processes", ()))
@@ -137,7 +159,16 @@ class VecEnv(VectorEnv):
         except BaseException:
             self._backend.close(0)
             raise
-        self._scheduler = Scheduler(self._backend, self.num_envs)
+        self._scheduler = Scheduler(
+            self._backend,
+            self.num_envs,
+            restart=on_failure == "restart",
+            max_restarts=restarts,
+            step_timeout=step_timeout,
+        )
+        self.on_failure = on_failure
+        #: How many times each env was rebuilt after a failure (``on_failure="restart"``).
+        self.restart_counts = np.zeros(self.num_envs, dtype=np.int64)
         self._check_actions = batch_checker(self.single_action_space)
         self._observations_shared = is_shareable(self.single_observation_space)
         self._actions_shared = is_shareable(self.single_action_space)
@@ -300,8 +331,10 @@ class VecEnv(VectorEnv):
     def _collect_infos(self, env_ids: list[int]) -> dict[str, Any]:
         infos = self._scheduler.infos
         batch = [infos[i] or {} for i in env_ids]
-        for env_id in env_ids:
+        for env_id, info in zip(env_ids, batch):
             infos[env_id] = None
+            if info and info.get("restarted") is True:
+                self.restart_counts[env_id] += 1
         if self.autoreset_mode is AutoresetMode.DISABLED:
             done = self._buffers.terminations[env_ids] | self._buffers.truncations[env_ids]
             self._needs_reset[env_ids] = done

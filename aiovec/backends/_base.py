@@ -63,6 +63,17 @@ class Backend(abc.ABC):
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:
         """Like :meth:`wait`, blocking the thread instead (no event loop involved)."""
 
+    #: True when :meth:`restart` and :meth:`kill` work (workers are separate processes).
+    can_restart: bool = False
+
+    def restart(self, worker: int, reason: str) -> None:
+        """Replace a dead worker by a fresh one that rebuilds its envs."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart workers")
+
+    def kill(self, worker: int) -> None:
+        """Stop a hung worker now; its exit is then reported as a ``WorkerExit``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot kill workers")
+
     @abc.abstractmethod
     def close(self, timeout: float) -> None:
         """Stop every worker within about ``timeout`` seconds and release all resources.

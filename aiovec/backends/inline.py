@@ -26,15 +26,21 @@ class InlineBackend(Backend):
     completes_inline = True
 
     def __init__(
-        self, env_fns: Sequence[Callable[[], gym.Env]], autoreset_mode: AutoresetMode
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        autoreset_mode: AutoresetMode,
+        max_restarts: int = 0,
     ) -> None:
+        factories = dict(enumerate(env_fns))
         try:
-            envs = build_envs(dict(enumerate(env_fns)))
+            envs = build_envs(factories)
         except EnvBuildError as exc:
             raise exc.info.to_exception() from None
         self.groups = [list(envs)]
         self.descriptions = [describe(env) for env in envs.values()]
-        self._host = EnvHost(envs, autoreset_mode, buffers=None)
+        self._host = EnvHost(
+            envs, autoreset_mode, None, env_fns=factories, max_restarts=max_restarts
+        )
         self._outbox: list[Message] = []
 
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:

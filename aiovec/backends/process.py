@@ -20,6 +20,7 @@ from typing import Any
 
 import cloudpickle
 import gymnasium as gym
+import msgspec
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
@@ -95,6 +96,7 @@ class ProcessBackend(Backend):
         context: str | None = None,
         spin: float | None = None,
         inline_envs: int = 0,
+        max_restarts: int = 0,
     ) -> None:
         num_envs = len(env_fns)
         if not 0 <= inline_envs < num_envs:
@@ -117,16 +119,18 @@ class ProcessBackend(Backend):
         self.groups = [
             group.tolist() for group in np.array_split(np.arange(remote_envs), num_workers)
         ]
-        payloads = [pickle_factories({i: env_fns[i] for i in group}) for group in self.groups]
+        self._payloads = [pickle_factories({i: env_fns[i] for i in group}) for group in self.groups]
+        self._autoreset_mode = autoreset_mode
+        self._max_restarts = max_restarts
         self._local: EnvHost | None = None
         if inline_envs:
             self.groups.append(list(range(remote_envs, num_envs)))
 
         context = context or default_context()
-        multiprocessing_context = multiprocessing.get_context(context)
+        self._context = multiprocessing.get_context(context)
         if context == "forkserver":
             # Workers fork from a server that has already imported numpy and gymnasium.
-            multiprocessing_context.set_forkserver_preload(["aiovec._worker"])
+            self._context.set_forkserver_preload(["aiovec._worker"])
         self._processes: list[multiprocessing.process.BaseProcess] = []
         self._connections: list[Channel] = []
         self._dead: set[int] = set()
@@ -135,44 +139,54 @@ class ProcessBackend(Backend):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future | None = None
         self._poller: select.poll | None = None  # for wait_blocking, built on first use
+        self._worker_of_fd: dict[int, int] = {}
         try:
-            for worker, (group, payload) in enumerate(zip(self.groups, payloads, strict=False)):
-                parent_end, child_end = channel_pair()
-                process = multiprocessing_context.Process(
-                    target=worker_main,
-                    args=(child_end, payload, group[0], autoreset_mode.value, spin),
-                    name=f"aiovec-worker-{worker}",
-                    daemon=True,
-                )
-                self._processes.append(process)
-                self._connections.append(parent_end)
-                process.start()
-                child_end.close()
+            for worker in range(num_workers):
+                self._processes.append(None)
+                self._connections.append(None)
+                self._start(worker)
             local_descriptions = []
             if inline_envs:  # built while the workers build theirs
+                local_fns = {i: env_fns[i] for i in self.groups[-1]}
                 try:
-                    local_envs = build_envs({i: env_fns[i] for i in self.groups[-1]})
+                    local_envs = build_envs(local_fns)
                 except EnvBuildError as exc:
                     raise exc.info.to_exception() from None
-                self._local = EnvHost(local_envs, autoreset_mode, buffers=None)
-                local_descriptions = [describe(env) for env in local_envs.values()]
-            self.descriptions = self._handshake() + local_descriptions
-            self._worker_of_fd = {
-                fd: worker
-                for worker, (process, connection) in enumerate(
-                    zip(self._processes, self._connections)
+                self._local = EnvHost(
+                    local_envs, autoreset_mode, None, env_fns=local_fns, max_restarts=max_restarts
                 )
-                for fd in (process.sentinel, connection.fileno())
-            }
+                local_descriptions = [describe(env) for env in local_envs.values()]
+            self.descriptions = self._handshake(range(num_workers)) + local_descriptions
         except BaseException:
             self.close(timeout=0)
             raise
 
+    def _start(self, worker: int, restart_reason: str | None = None) -> None:
+        """Start the process of ``worker`` (again, after a failure, with the reason)."""
+        parent_end, child_end = channel_pair()
+        process = self._context.Process(
+            target=worker_main,
+            args=(child_end, self._payloads[worker], self.groups[worker][0]),
+            kwargs={
+                "autoreset_mode": self._autoreset_mode.value,
+                "spin": self.spin,
+                "max_restarts": self._max_restarts,
+                "restart_reason": restart_reason,
+            },
+            name=f"aiovec-worker-{worker}",
+            daemon=True,
+        )
+        self._processes[worker], self._connections[worker] = process, parent_end
+        process.start()
+        child_end.close()
+        self._worker_of_fd[process.sentinel] = worker
+        self._worker_of_fd[parent_end.fileno()] = worker
+
     # --- start-up -------------------------------------------------------------------------
 
-    def _handshake(self) -> list[tuple[Any, ...]]:
+    def _handshake(self, workers: Sequence[int]) -> list[tuple[Any, ...]]:
+        """Wait for the ``Hello`` of each of ``workers``; their env descriptions, in order."""
         described: dict[int, list[tuple[Any, ...]]] = {}
-        workers = range(len(self._processes))
         waiting = {self._connections[w]: w for w in workers}
         waiting.update({self._processes[w].sentinel: w for w in workers})
         while len(described) < len(workers):
@@ -197,16 +211,46 @@ class ProcessBackend(Backend):
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
         num_envs = len(self.descriptions)
         self._region = SharedRegion(buffers_nbytes(observation_space, action_space, num_envs))
-        layout = pickle.dumps((observation_space, action_space, num_envs, self._region.size))
+        self._layout = pickle.dumps((observation_space, action_space, num_envs, self._region.size))
         for connection in self._connections:
             connection.send_fd(self._region.fd)
-            connection.send(layout)
+            connection.send(self._layout)
         self.buffers = build_buffers(
             observation_space, action_space, num_envs, self._region.allocator()
         )
         if self._local is not None:
             self._local.attach(self.buffers)
         return self.buffers
+
+    # --- failures -----------------------------------------------------------------------------
+
+    can_restart = True
+
+    def restart(self, worker: int, reason: str) -> None:
+        """Replace dead ``worker`` by a new process that rebuilds its envs (blocking).
+
+        Every env of the new worker answers its next step with a fresh reset
+        observation flagged as restarted (see ``EnvHost.notify_restart``).
+        """
+        assert worker in self._dead, "only a dead worker can be restarted"
+        old = self._processes[worker]
+        _stop_processes([old], 0)
+        old.close()  # frees its sentinel descriptor
+        self._connections[worker].close()
+        self._start(worker, restart_reason=reason)
+        self._handshake([worker])
+        self._connections[worker].send_fd(self._region.fd)
+        self._connections[worker].send(self._layout)
+        self._dead.discard(worker)
+        self._poller = None
+        if self._loop is not None and not self._loop.is_closed():
+            self._watch(self._loop, worker)
+
+    def kill(self, worker: int) -> None:
+        """SIGKILL ``worker`` (a hung env); its exit arrives as a ``WorkerExit`` message."""
+        process = self._processes[worker]
+        if worker not in self._dead and process.exitcode is None:
+            process.kill()
 
     # --- commands and messages ----------------------------------------------------------------
 
@@ -218,7 +262,10 @@ class ProcessBackend(Backend):
             raise WorkerCrashedError(
                 worker, self.groups[worker], self._processes[worker].exitcode, "it is gone"
             )
-        self._connections[worker].send(encode(_to_wire(command)))
+        try:
+            self._connections[worker].send(encode(_to_wire(command)))
+        except OSError:  # it died just now; its exit is reported through the sentinel
+            pass
 
     def poll(self) -> list[Message]:
         for worker, connection in enumerate(self._connections):
@@ -303,11 +350,14 @@ class ProcessBackend(Backend):
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Watch every live worker from ``loop`` (and stop watching from the previous one)."""
         self._unbind()
-        for worker, (process, connection) in enumerate(zip(self._processes, self._connections)):
+        for worker in range(len(self._processes)):
             if worker not in self._dead:
-                loop.add_reader(connection.fileno(), self._on_readable, worker)
-                loop.add_reader(process.sentinel, self._on_exit, worker)
+                self._watch(loop, worker)
         self._loop = loop
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, worker: int) -> None:
+        loop.add_reader(self._connections[worker].fileno(), self._on_readable, worker)
+        loop.add_reader(self._processes[worker].sentinel, self._on_exit, worker)
 
     def _unbind(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -322,14 +372,15 @@ class ProcessBackend(Backend):
     def close(self, timeout: float) -> None:
         self._unbind()
         for worker, connection in enumerate(self._connections):
-            if worker not in self._dead:
+            if worker not in self._dead and connection is not None:
                 try:
                     connection.send(encode(Close(seq=0)))
                 except OSError:
                     pass
         _stop_processes(self._processes, timeout)
         for connection in self._connections:
-            connection.close()
+            if connection is not None:
+                connection.close()
         self._dead.update(range(len(self._processes)))
         if self._local is not None:
             self._local.close()
@@ -341,7 +392,7 @@ class ProcessBackend(Backend):
 
 def _stop_processes(processes: list[Any], timeout: float) -> None:
     """Join, then SIGTERM, then SIGKILL: every process is reaped when this returns."""
-    started = [process for process in processes if process.pid is not None]
+    started = [process for process in processes if process is not None and process.pid is not None]
     deadline = time.monotonic() + timeout
     for process in started:
         process.join(max(0.0, deadline - time.monotonic()))
@@ -356,12 +407,15 @@ def _stop_processes(processes: list[Any], timeout: float) -> None:
 
 
 def _to_wire(command: Command) -> Command:
+    """A copy of ``command`` ready to encode (the original may be sent again later)."""
     if isinstance(command, Reset) and command.options is not None:
-        command.options = to_wire(command.options)
-    elif isinstance(command, Step) and command.actions is not None:
-        command.actions = to_wire(command.actions)
-    elif isinstance(command, Call):
-        command.args, command.kwargs = to_wire(command.args), to_wire(command.kwargs)
-    elif isinstance(command, SetAttr):
-        command.values = to_wire(command.values)
+        return msgspec.structs.replace(command, options=to_wire(command.options))
+    if isinstance(command, Step) and command.actions is not None:
+        return msgspec.structs.replace(command, actions=to_wire(command.actions))
+    if isinstance(command, Call):
+        return msgspec.structs.replace(
+            command, args=to_wire(command.args), kwargs=to_wire(command.kwargs)
+        )
+    if isinstance(command, SetAttr):
+        return msgspec.structs.replace(command, values=to_wire(command.values))
     return command

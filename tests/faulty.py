@@ -1,0 +1,72 @@
+"""Envs that fail on purpose, for the fault-injection tests (importable by workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+from tests.envs import CounterEnv
+
+FAULTS = ("raise", "exit", "sigkill", "sigsegv", "hang")
+
+
+class FaultyEnv(CounterEnv):
+    """A CounterEnv that fails with ``fault`` on its ``at_step``-th step (counted since
+    it was built), or on every step with probability ``rate`` (seeded by env index).
+
+    The counter survives the failure only when the env is rebuilt (a fresh instance
+    starts counting again), which the tests use to recognise rebuilt envs.
+    """
+
+    def __init__(
+        self, env_index: int = 0, fault: str = "raise", at_step: int = 2, rate: float = 0.0
+    ) -> None:
+        super().__init__(env_index)
+        assert fault in FAULTS, fault
+        self.fault, self.at_step, self.rate = fault, at_step, rate
+        self.steps_since_built = 0
+        self._fault_rng = np.random.default_rng([env_index, os.getpid()])
+
+    def step(self, action):
+        self.steps_since_built += 1
+        due = self.steps_since_built == self.at_step
+        if self.rate:
+            due = self._fault_rng.random() < self.rate
+        if due:
+            self._fail()
+        return super().step(action)
+
+    def _fail(self):
+        if self.fault == "raise":
+            raise RuntimeError(f"simulator diverged at step {self.steps_since_built}")
+        if self.fault == "exit":
+            os._exit(7)
+        if self.fault == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault == "sigsegv":
+            signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if self.fault == "hang":
+            time.sleep(3600)
+
+
+class BadObservationEnv(CounterEnv):
+    """Returns an observation of the wrong shape on step ``at_step``."""
+
+    def __init__(self, env_index: int = 0, at_step: int = 1) -> None:
+        super().__init__(env_index)
+        self.at_step = at_step
+
+    def step(self, action):
+        observation, *rest = super().step(action)
+        if self.count == self.at_step:
+            observation = np.zeros(7)
+        return (observation, *rest)
+
+
+class FailingConstructorEnv(CounterEnv):
+    def __init__(self, env_index: int = 0) -> None:
+        raise OSError(f"cannot connect to simulator {env_index}")

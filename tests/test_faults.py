@@ -1,0 +1,256 @@
+"""Fault injection: envs that raise, crash, hang or misbehave, under both failure policies."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+
+import aiovec
+from tests.conftest import pid_alive, worker_pids
+from tests.envs import CounterEnv
+from tests.faulty import BadObservationEnv, FailingConstructorEnv, FaultyEnv
+
+CRASHES = {
+    "exit": r"exit code 7",
+    "sigkill": r"killed by SIGKILL",
+    "sigsegv": r"killed by SIGSEGV",
+}
+
+
+def three_envs(fault: str, **fault_options) -> list:
+    """Env 1 is faulty; envs 0 and 2 are healthy."""
+    return [
+        partial(CounterEnv, 0),
+        partial(FaultyEnv, 1, fault, **fault_options),
+        partial(CounterEnv, 2),
+    ]
+
+
+def assert_healthy_envs_still_work(venv, env_ids=(0, 2)):
+    venv.send(np.zeros(len(env_ids), dtype=np.int64), env_ids=list(env_ids))
+    batch = aiovec.run(venv.recv(min_envs=len(env_ids)))
+    assert sorted(batch.env_ids.tolist()) == sorted(env_ids)
+    assert set(batch.observations[:, 0].tolist()) == set(env_ids)
+
+
+@pytest.mark.parametrize("fault", list(CRASHES))
+def test_crash_is_reported_with_exit_status_and_envs(fault, no_leaks):
+    venv = aiovec.VecEnv(three_envs(fault), num_workers=3)
+    pids = worker_pids(venv)
+    venv.reset()
+    venv.step([0, 0, 0])
+    with pytest.raises(aiovec.WorkerCrashedError, match=CRASHES[fault]) as caught:
+        venv.step([0, 0, 0])
+    assert caught.value.worker_index == 1 and caught.value.env_ids == [1]
+    assert "worker 1 hosting envs [1]" in str(caught.value)
+    assert_healthy_envs_still_work(venv)
+    with pytest.raises(aiovec.WorkerCrashedError):  # a dead env stays dead under "raise"
+        venv.send([0], env_ids=[1])
+    venv.close()
+    assert not any(pid_alive(pid) for pid in pids)
+
+
+def test_raising_env_is_reported_with_traceback(backend):
+    with aiovec.VecEnv(three_envs("raise"), backend=backend) as venv:
+        venv.reset()
+        venv.step([0, 0, 0])
+        with pytest.raises(aiovec.EnvError) as caught:
+            venv.step([0, 0, 0])
+        error = caught.value
+        assert (error.env_index, error.operation, error.exc_type) == (1, "step", "RuntimeError")
+        assert error.exc_message == "simulator diverged at step 2"
+        assert "in _fail" in error.worker_traceback
+        assert_healthy_envs_still_work(venv)
+
+
+def test_hanging_env_times_out_and_names_the_late_env(no_leaks):
+    venv = aiovec.VecEnv(three_envs("hang", at_step=1), num_workers=3, step_timeout=0.5)
+    pids = worker_pids(venv)
+    venv.reset()
+    started = time.monotonic()
+    with pytest.raises(aiovec.StepTimeoutError, match=r"envs \[1\] did not answer") as caught:
+        venv.step([0, 0, 0])
+    assert 0.4 < time.monotonic() - started < 5.0
+    assert caught.value.timed_out == [1] and caught.value.timeout == 0.5
+    assert isinstance(caught.value, aiovec.WorkerCrashedError)
+    assert not pid_alive(pids[1])
+    assert_healthy_envs_still_work(venv)
+    venv.close()
+
+
+def test_step_timeout_needs_the_process_backend():
+    with pytest.raises(ValueError, match="step_timeout needs backend='process'"):
+        aiovec.VecEnv([CounterEnv], backend="inline", step_timeout=1.0)
+
+
+@pytest.mark.parametrize("fault", ["raise", *CRASHES, "hang"])
+def test_restart_policy_rebuilds_the_env_and_training_goes_on(fault, no_leaks):
+    venv = aiovec.VecEnv(
+        three_envs(fault),
+        num_workers=3,
+        on_failure="restart",
+        step_timeout=1.0 if fault == "hang" else None,
+    )
+    venv.reset()
+    first = venv.step([0, 0, 0])
+    observations, rewards, terminations, truncations, infos = venv.step([0, 0, 0])
+    # env 1 came back rebuilt: fresh reset observation, truncated, flagged
+    assert observations[1].tolist() == [1, 0]
+    assert truncations.tolist() == [False, True, False]
+    assert rewards.tolist() == [2.0, 0.0, 2.0]
+    assert infos["restarted"].tolist() == [False, True, False]
+    assert infos["_restarted"].tolist() == [False, True, False]
+    reason = infos["restart_reason"][1]
+    assert {"raise": "RuntimeError: simulator diverged", "hang": "did not answer"}.get(
+        fault, "worker 1"
+    ) in reason
+    assert venv.restart_counts.tolist() == [0, 1, 0]
+    # and it keeps going (the healthy envs never noticed)
+    _, rewards, *_ = venv.step([0, 0, 0])
+    assert rewards[0] == 3.0 and rewards[2] == 3.0 and first[1][0] == 1.0
+    venv.close()
+
+
+@pytest.mark.parametrize("fault", ["raise", "exit"])
+def test_restart_limit_stops_crash_loops(fault):
+    env_fns = [partial(CounterEnv, 0), partial(FaultyEnv, 1, fault, rate=1.0)]
+    with aiovec.VecEnv(env_fns, num_workers=2, on_failure="restart", max_restarts=2) as venv:
+        venv.reset()
+        restarts = 0
+        expected = aiovec.EnvError if fault == "raise" else aiovec.WorkerCrashedError
+        with pytest.raises(expected):
+            for _ in range(20):
+                _, _, _, truncations, _ = venv.step([0, 0])
+                restarts += int(truncations[1])
+        assert restarts == 2
+        assert venv.restart_counts[1] == 2
+
+
+def test_env_restart_in_first_ready_mode(backend):
+    env_fns = [partial(FaultyEnv, 0, "raise", at_step=1), partial(CounterEnv, 1)]
+    with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart") as venv:
+        venv.reset()
+
+        async def one_round():
+            venv.send([0, 0])
+            return await venv.recv(min_envs=2)
+
+        batch = aiovec.run(one_round())
+        by_env = dict(zip(batch.env_ids.tolist(), range(2)))
+        assert batch.truncations[by_env[0]] and not batch.truncations[by_env[1]]
+        assert batch.infos["restarted"][by_env[0]]
+
+
+def test_bad_observation_is_an_error_not_a_corruption(backend):
+    env_fns = [partial(CounterEnv, 0), partial(BadObservationEnv, 1, at_step=1)]
+    with aiovec.VecEnv(env_fns, backend=backend) as venv:
+        before, _ = venv.reset()
+        with pytest.raises(aiovec.EnvError, match=r"observation_space.*shape \(2,\).*\(7,\)"):
+            venv.step([0, 0])
+        assert_healthy_envs_still_work(venv, env_ids=(0,))
+
+
+def test_failing_constructor_names_the_env_and_leaves_no_process(backend, no_leaks):
+    from aiovec.bench.system import descendant_pids
+
+    before = set(descendant_pids())
+    env_fns = [partial(CounterEnv, 0), partial(FailingConstructorEnv, 1)]
+    with pytest.raises(aiovec.EnvError, match="env 1 raised OSError in make") as caught:
+        aiovec.VecEnv(env_fns, backend=backend, num_workers=2) if backend == "process" else (
+            aiovec.VecEnv(env_fns, backend=backend)
+        )
+    assert "cannot connect to simulator 1" in caught.value.worker_traceback
+    deadline = time.monotonic() + 5
+    while set(descendant_pids()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leftover = [pid for pid in set(descendant_pids()) - before if pid_alive(pid)]
+    assert leftover == []
+
+
+def test_ctrl_c_during_a_step_closes_the_workers(tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from functools import partial
+            import aiovec
+            from tests.envs import CounterEnv
+
+            if __name__ == "__main__":
+                venv = aiovec.VecEnv([partial(CounterEnv, i, delay=30) for i in range(2)])
+                venv.reset()
+                print(" ".join(str(p.pid) for p in venv._backend._processes), flush=True)
+                try:
+                    venv.step([0, 0])
+                except KeyboardInterrupt:
+                    print("interrupted closed=%s" % venv.closed, flush=True)
+            """
+        )
+    )
+    agent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        pids = [int(pid) for pid in agent.stdout.readline().split()]
+        time.sleep(0.3)  # inside step() now
+        agent.send_signal(signal.SIGINT)
+        assert agent.stdout.readline().strip() == "interrupted closed=True"
+        assert agent.wait(10) == 0
+        assert not any(pid_alive(pid) for pid in pids)
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+async def test_soak_random_crashes_under_restart_policy(no_leaks):
+    """Thousands of first-ready rounds while envs raise and die at random: every action
+    gets exactly one result, the process count stays constant, nothing leaks."""
+    from aiovec.bench.system import descendant_pids
+
+    num_envs = 6
+    env_fns = [
+        partial(FaultyEnv, i, "exit" if i % 2 else "raise", rate=0.004) for i in range(num_envs)
+    ]
+    rng = random.Random(0)
+    async with aiovec.VecEnv(env_fns, num_workers=3, on_failure="restart", max_restarts=10) as venv:
+        await venv.areset()
+        processes = len(descendant_pids())
+        idle, sent, received = set(range(num_envs)), [0] * num_envs, [0] * num_envs
+        deadline = time.monotonic() + 20
+        rounds = 0
+        while rounds < 3000 and time.monotonic() < deadline:
+            rounds += 1
+            if idle and rng.random() < 0.6:
+                chosen = rng.sample(sorted(idle), rng.randint(1, len(idle)))
+                venv.send(np.zeros(len(chosen), dtype=np.int64), env_ids=chosen)
+                for env_id in chosen:
+                    sent[env_id] += 1
+                idle -= set(chosen)
+            elif len(idle) < num_envs:
+                batch = await venv.recv(max_envs=rng.randint(1, num_envs))
+                for row, env_id in enumerate(batch.env_ids.tolist()):
+                    assert env_id not in idle
+                    assert batch.observations[row][0] == env_id
+                    received[env_id] += 1
+                    idle.add(env_id)
+        while len(idle) < num_envs:
+            batch = await venv.recv()
+            for env_id in batch.env_ids.tolist():
+                received[env_id] += 1
+                idle.add(env_id)
+        assert received == sent
+        assert venv.restart_counts.sum() > 0
+        assert len(descendant_pids()) == processes
