@@ -71,7 +71,7 @@ class Scheduler:
         self.worker_restarts = [0] * len(backend.groups)  # total, per worker
         self._crashes_in_a_row = [0] * len(backend.groups)
         self._timed_out: dict[int, list[int]] = {}  # worker -> env ids it was killed for
-        self.state = np.full(num_envs, IDLE, dtype=np.int8)
+        self.state = bytearray(num_envs)  # IDLE/BUSY/READY per env (cheap single-item access)
         self.worker_of = np.empty(num_envs, dtype=np.intp)
         for worker, group in enumerate(backend.groups):
             self.worker_of[group] = worker
@@ -128,7 +128,7 @@ class Scheduler:
             ticket = Ticket(worker, group, rows, is_step, command)
             self.backend.submit(worker, command)
             self._tickets[seq] = ticket
-            self.state[rows] = BUSY
+            self._mark(rows, BUSY)
             self.num_busy += len(group)
             tickets.append(ticket)
         return tickets
@@ -219,7 +219,7 @@ class Scheduler:
                     self.observations[env_id] = observation
         self.num_busy -= len(env_ids)
         if not ticket.is_step:
-            self.state[ticket.rows] = IDLE
+            self._mark(ticket.rows, IDLE)
             return
         infos = reply.infos if reply is not None else None
         for position, env_id in enumerate(env_ids):
@@ -227,8 +227,16 @@ class Scheduler:
             error = failure or ticket.errors.get(env_id)
             if error is not None:
                 self.errors[env_id] = error
-        self.state[ticket.rows] = READY
+        self._mark(ticket.rows, READY)
         self.ready_queue.extend(env_ids)
+
+    def _mark(self, rows: slice | list[int], value: int) -> None:
+        if isinstance(rows, slice):
+            self.state[rows] = bytes((value,)) * (rows.stop - rows.start)
+        else:
+            state = self.state
+            for env_id in rows:
+                state[env_id] = value
 
     def take_ready(self, limit: int) -> list[int]:
         """Up to ``limit`` env ids from the ready-queue, oldest first, marked IDLE."""
@@ -238,10 +246,10 @@ class Scheduler:
             queue.clear()
         else:
             env_ids = [queue.popleft() for _ in range(limit)]
-        self.state[env_ids] = IDLE
+        self._mark(env_ids, IDLE)
         return env_ids
 
     def give_back(self, env_ids: list[int]) -> None:
         """Put env ids taken by :meth:`take_ready` back at the front, in order."""
         self.ready_queue.extendleft(reversed(env_ids))
-        self.state[env_ids] = READY
+        self._mark(env_ids, READY)

@@ -302,18 +302,20 @@ class VecEnv(VectorEnv):
         scheduler = self._scheduler
         env_ids = scheduler.take_ready(max_envs or self.num_envs)
         self._raise_first_error(env_ids)
+        rows = np.array(env_ids, dtype=np.intp)
+        buffers = self._buffers
         observations = (
-            read_rows(self._buffers.observations, env_ids)
+            read_rows(buffers.observations, rows)
             if self._observations_shared
             else tuple(scheduler.observations[i] for i in env_ids)
         )
         return Batch(
             observations,
-            self._buffers.rewards[env_ids],
-            self._buffers.terminations[env_ids],
-            self._buffers.truncations[env_ids],
+            buffers.rewards[rows],
+            buffers.terminations[rows],
+            buffers.truncations[rows],
             self._collect_infos(env_ids),
-            np.asarray(env_ids, dtype=np.intp),
+            rows,
         )
 
     def _raise_first_error(self, env_ids: list[int]) -> None:
@@ -623,10 +625,10 @@ class VecEnv(VectorEnv):
         scheduler = self._scheduler
         if not scheduler.num_busy and not scheduler.ready_queue:
             return
-        state = scheduler.state[env_ids]
-        if (state != IDLE).any():
-            busy = [int(i) for i in np.asarray(env_ids)[state != IDLE]]
-            in_flight = [i for i in busy if self._scheduler.state[i] == BUSY]
+        state = scheduler.state
+        busy = [i for i in env_ids if state[i] != IDLE]
+        if busy:
+            in_flight = [i for i in busy if state[i] == BUSY]
             unread = [i for i in busy if i not in in_flight]
             detail = []
             if in_flight:
@@ -642,17 +644,22 @@ class VecEnv(VectorEnv):
         """``(env_ids as a list, the matching row index for buffers)``."""
         if env_ids is None:
             return self._scheduler.all_env_ids, slice(None)
-        ids = np.asarray(env_ids)
-        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-            raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
-        if ids.size == 0:
+        if isinstance(env_ids, np.ndarray):
+            if env_ids.ndim != 1 or (env_ids.size and env_ids.dtype.kind not in "iu"):
+                raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
+            ids = env_ids.tolist()
+        else:
+            ids = list(env_ids)
+            if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
+                raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
+            ids = [int(i) for i in ids]
+        if not ids:
             raise ValueError("env_ids is empty: send at least one env id")
-        if ids.min() < 0 or ids.max() >= self.num_envs:
-            raise ValueError(f"env_ids {ids.tolist()} contains ids outside 0..{self.num_envs - 1}")
-        if np.unique(ids).size != ids.size:
-            raise ValueError(f"env_ids {ids.tolist()} contains duplicates")
-        as_list = ids.tolist()
-        return as_list, as_list
+        if min(ids) < 0 or max(ids) >= self.num_envs:
+            raise ValueError(f"env_ids {ids} contains ids outside 0..{self.num_envs - 1}")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"env_ids {ids} contains duplicates")
+        return ids, ids
 
 
 def _reset_mask_ids(reset_mask: Any, num_envs: int) -> list[int]:
