@@ -32,6 +32,17 @@ class Step(msgspec.Struct, array_like=True, tag=True):
     seq: int
     env_ids: list[int]
     actions: Any = None  # only for action spaces that are not in shared memory
+    #: First-ready: answer in several replies as envs finish, rather than all at once.
+    stream: bool = False
+
+    def subset(self, positions: list[int]) -> Step:
+        """The same step for the envs at ``positions`` of :attr:`env_ids` only."""
+        return Step(
+            self.seq,
+            [self.env_ids[p] for p in positions],
+            None if self.actions is None else [self.actions[p] for p in positions],
+            self.stream,
+        )
 
 
 class Call(msgspec.Struct, array_like=True, tag=True):
@@ -87,6 +98,33 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     observations: Any = None
     errors: Union[list[ErrorInfo], None] = None
     progressed: bool = True
+
+
+def merge_replies(replies: list[Reply]) -> Reply:
+    """One reply holding the env results of several replies to the same command."""
+    if len(replies) == 1:
+        return replies[0]
+    env_ids = [env_id for reply in replies for env_id in reply.env_ids]
+
+    def joined(field: str) -> list | None:
+        if all(getattr(reply, field) is None for reply in replies):
+            return None
+        return [
+            item
+            for reply in replies
+            for item in (getattr(reply, field) or [None] * len(reply.env_ids))
+        ]
+
+    errors = [error for reply in replies for error in reply.errors or ()]
+    return Reply(
+        seq=replies[0].seq,
+        env_ids=env_ids,
+        infos=joined("infos"),
+        values=joined("values"),
+        observations=joined("observations"),
+        errors=errors or None,
+        progressed=any(reply.progressed for reply in replies),
+    )
 
 
 class Hello(msgspec.Struct, array_like=True, tag=True):

@@ -34,7 +34,7 @@ class Ticket:
 
     __slots__ = (
         "worker", "env_ids", "rows", "is_step", "command", "sent_at",
-        "done", "reply", "failure", "errors",
+        "done", "reply", "failure", "errors", "pending",
     )  # fmt: skip
 
     def __init__(
@@ -50,6 +50,7 @@ class Ticket:
         self.reply: Reply | None = None
         self.failure: Exception | None = None  # the worker died before answering
         self.errors: dict[int, Exception] = {}  # env id -> EnvError
+        self.pending = env_ids  # env ids not answered yet (a streamed step answers in parts)
 
 
 class Scheduler:
@@ -176,11 +177,18 @@ class Scheduler:
             if isinstance(message, WorkerExit):
                 self._worker_exited(worker, message)
                 continue
-            ticket = self._tickets.pop(message.seq, None)
-            if ticket is not None:  # else: a late reply to a request given up on
-                if message.progressed:  # real work happened: not a crash loop
-                    self._crashes_in_a_row[worker] = 0
-                self._finish(ticket, message, None)
+            ticket = self._tickets.get(message.seq)
+            if ticket is None:  # a late reply to a request given up on
+                continue
+            if message.progressed:  # real work happened: not a crash loop
+                self._crashes_in_a_row[worker] = 0
+            if ticket.is_step and len(message.env_ids) < len(ticket.pending):
+                answered = set(message.env_ids)
+                ticket.pending = [e for e in ticket.pending if e not in answered]
+                self._step_results(ticket, message.env_ids, message, None)
+                continue
+            del self._tickets[message.seq]
+            self._finish(ticket, message, None)
 
     def _worker_exited(self, worker: int, exit: WorkerExit) -> None:
         group = self.backend.groups[worker]
@@ -201,7 +209,11 @@ class Scheduler:
             self.backend.restart(worker, str(crash))
             for _, ticket in in_flight:  # the new envs answer with restart notices
                 ticket.sent_at = time.monotonic()
-                self.backend.submit(worker, ticket.command)
+                command = ticket.command
+                if ticket.is_step and ticket.pending is not ticket.env_ids:  # partly answered
+                    positions = [command.env_ids.index(e) for e in ticket.pending]
+                    command = command.subset(positions)
+                self.backend.submit(worker, command)
             return
         self.dead_workers[worker] = crash
         for seq, ticket in in_flight:
@@ -209,26 +221,38 @@ class Scheduler:
             self._finish(ticket, None, crash)
 
     def _finish(self, ticket: Ticket, reply: Reply | None, failure: Exception | None) -> None:
+        """The last answer to ``ticket`` (or its failure) arrived."""
         ticket.done, ticket.reply, ticket.failure = True, reply, failure
-        env_ids = ticket.env_ids
-        if reply is not None:
-            for error in reply.errors or ():
-                ticket.errors[error.env_id] = error.to_exception()
-            if reply.observations is not None:
-                for env_id, observation in zip(env_ids, reply.observations):
-                    self.observations[env_id] = observation
-        self.num_busy -= len(env_ids)
-        if not ticket.is_step:
-            self._mark(ticket.rows, IDLE)
+        if ticket.is_step:
+            self._step_results(ticket, ticket.pending, reply, failure)
             return
+        if reply is not None:
+            self._record(ticket, reply)
+        self.num_busy -= len(ticket.env_ids)
+        self._mark(ticket.rows, IDLE)
+
+    def _step_results(
+        self, ticket: Ticket, env_ids: list[int], reply: Reply | None, failure: Exception | None
+    ) -> None:
+        """Step results for ``env_ids`` (all or part of ``ticket``) go to the ready-queue."""
+        if reply is not None:
+            self._record(ticket, reply)
         infos = reply.infos if reply is not None else None
         for position, env_id in enumerate(env_ids):
             self.infos[env_id] = infos[position] if infos is not None else None
             error = failure or ticket.errors.get(env_id)
             if error is not None:
                 self.errors[env_id] = error
-        self._mark(ticket.rows, READY)
+        self.num_busy -= len(env_ids)
+        self._mark(ticket.rows if env_ids is ticket.env_ids else env_ids, READY)
         self.ready_queue.extend(env_ids)
+
+    def _record(self, ticket: Ticket, reply: Reply) -> None:
+        for error in reply.errors or ():
+            ticket.errors[error.env_id] = error.to_exception()
+        if reply.observations is not None:
+            for env_id, observation in zip(reply.env_ids, reply.observations):
+                self.observations[env_id] = observation
 
     def _mark(self, rows: slice | list[int], value: int) -> None:
         if isinstance(rows, slice):

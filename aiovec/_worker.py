@@ -17,6 +17,8 @@ import pickle
 import signal
 import socket
 import sys
+import time
+from collections.abc import Callable
 
 import cloudpickle
 from gymnasium.vector import AutoresetMode
@@ -25,7 +27,16 @@ from aiovec._buffers import build_buffers
 from aiovec._channel import Channel
 from aiovec._host import EnvBuildError, EnvHost, build_envs, describe, error_info
 from aiovec._memory import SharedRegion
-from aiovec._protocol import Close, Hello, decode_command, encode, to_wire
+from aiovec._protocol import (
+    Close,
+    Hello,
+    Reply,
+    Step,
+    decode_command,
+    encode,
+    merge_replies,
+    to_wire,
+)
 
 
 def _die_with_parent() -> None:
@@ -86,17 +97,52 @@ def worker_main(
         pass  # the parent is gone: there is nobody to report to
 
 
+#: A streamed step flushes the envs done so far once this much time has passed.
+STREAM_INTERVAL = 100e-6
+
+
 def _serve(connection: Channel, host: EnvHost, spin: float) -> None:
     receive, send = connection.receive, connection.send
+    step_times: dict[int, float] = {}
     while True:
         command = decode_command(receive(spin))
         if isinstance(command, Close):
             return
-        reply = host.execute(command)
-        if reply.infos is not None:
-            reply.infos = [to_wire(info) for info in reply.infos]
-        if reply.values is not None:
-            reply.values = [to_wire(value) for value in reply.values]
-        if reply.observations is not None:
-            reply.observations = [to_wire(obs) for obs in reply.observations]
-        send(encode(reply))
+        if isinstance(command, Step) and command.stream and len(command.env_ids) > 1:
+            _stream_step(send, host, command, step_times)
+        else:
+            send(_encode(host.execute(command)))
+
+
+def _stream_step(
+    send: Callable[[bytes], None], host: EnvHost, command: Step, step_times: dict[int, float]
+) -> None:
+    """Step env by env, sending what is done before an env expected to be slow starts
+    (and whenever STREAM_INTERVAL has passed), so the agent can re-use fast envs while
+    slow ones of the same worker still run. ``step_times`` holds each env's recent step
+    time (an exponential average); an env not timed yet counts as slow."""
+    done: list[Reply] = []
+    last_flush = time.perf_counter()
+    for position, env_id in enumerate(command.env_ids):
+        if done and step_times.get(env_id, STREAM_INTERVAL) >= STREAM_INTERVAL:
+            send(_encode(merge_replies(done)))
+            done, last_flush = [], time.perf_counter()
+        started = time.perf_counter()
+        done.append(host.execute(command.subset([position])))
+        now = time.perf_counter()
+        step_times[env_id] = 0.8 * step_times.get(env_id, now - started) + 0.2 * (now - started)
+        if now - last_flush >= STREAM_INTERVAL:
+            send(_encode(merge_replies(done)))
+            done, last_flush = [], now
+    if done:
+        send(_encode(merge_replies(done)))
+
+
+def _encode(reply: Reply) -> bytes:
+    if reply.infos is not None:
+        reply.infos = [to_wire(info) for info in reply.infos]
+    if reply.values is not None:
+        reply.values = [to_wire(value) for value in reply.values]
+    if reply.observations is not None:
+        reply.observations = [to_wire(obs) for obs in reply.observations]
+    return encode(reply)

@@ -217,7 +217,7 @@ class VecEnv(VectorEnv):
         If the awaiting task is cancelled, the steps still complete and their results
         can be collected with :meth:`recv`.
         """
-        self.send(actions)
+        self._send(actions, None, stream=False)
         return await self._step_wait()
 
     # --- async API: first-ready ---------------------------------------------------------------
@@ -234,6 +234,9 @@ class VecEnv(VectorEnv):
                 range for the action space.
             aiovec.ClosedError: the vector env is closed.
         """
+        self._send(actions, env_ids, stream=True)
+
+    def _send(self, actions: Any, env_ids: Any, stream: bool) -> None:
         self._check_open("send")
         env_ids, rows = self._resolve_env_ids(env_ids)
         scheduler = self._scheduler
@@ -246,15 +249,16 @@ class VecEnv(VectorEnv):
                 "first with reset(options={'reset_mask': mask})"
             )
         batch = self._check_actions(actions, len(env_ids))
-        per_env_actions = None
         if self._actions_shared:
             write_rows(self._buffers.actions, rows, batch)
-            make_step = Step
+
+            def make_step(seq: int, group: list[int]) -> Step:
+                return Step(seq, group, None, stream)
         else:
             per_env_actions = dict(zip(env_ids, batch))
 
             def make_step(seq: int, group: list[int]) -> Step:
-                return Step(seq, group, [per_env_actions[i] for i in group])
+                return Step(seq, group, [per_env_actions[i] for i in group], stream)
 
         scheduler.submit(env_ids, make_step, is_step=True)
 
@@ -519,7 +523,7 @@ class VecEnv(VectorEnv):
         """Start a step of every env; finish it with :meth:`step_wait`."""
         self._begin("step", None)
         try:
-            self.send(actions)
+            self._send(actions, None, stream=False)
         except BaseException:
             self._pending = None
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from functools import partial
 
 import numpy as np
@@ -249,3 +250,20 @@ async def test_main_process_share_behaves_like_workers(inline_envs):
 def test_bad_inline_envs_is_rejected():
     with pytest.raises(ValueError, match="inline_envs"):
         aiovec.VecEnv(counter_envs(2), inline_envs=2)
+
+
+async def test_a_worker_streams_first_ready_results_env_by_env():
+    """Envs sharing a worker step one after another; send() lets the fast one's result
+    out before the slow one finishes, astep() answers once."""
+    env_fns = [partial(CounterEnv, 0), partial(CounterEnv, 1, delay=0.5)]
+    async with aiovec.VecEnv(env_fns, num_workers=1) as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        started = time.monotonic()
+        first = await venv.recv()
+        assert first.env_ids.tolist() == [0]
+        assert time.monotonic() - started < 0.4
+        venv.send([1], env_ids=[0])  # queued behind env 1 in the same worker
+        rest = await venv.recv(min_envs=2)
+        assert sorted(rest.env_ids.tolist()) == [0, 1]
+        assert dict(zip(rest.env_ids.tolist(), rest.rewards.tolist())) == {0: 2.0, 1: 1.0}
