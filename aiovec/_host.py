@@ -128,19 +128,24 @@ class EnvHost:
         elif isinstance(command, Reset):
             operation = "reset"
             for position, env_id in enumerate(env_ids):
+                options = command.options
+                if command.per_env_options:
+                    options = options[position]
                 try:
-                    infos[position] = self._reset(env_id, command.seeds[position], command.options)
+                    infos[position] = self._reset(env_id, command.seeds[position], options)
                 except Exception as exc:
                     errors = (errors or []) + [error_info(env_id, operation, exc)]
         elif isinstance(command, Call):
             values = [None] * len(env_ids)
             for position, env_id in enumerate(env_ids):
                 try:
+                    args, kwargs = command.args or (), command.kwargs or {}
+                    if command.function is not None:
+                        values[position] = command.function(self.envs[env_id], *args, **kwargs)
+                        continue
                     attribute = self.envs[env_id].get_wrapper_attr(command.name)
                     values[position] = (
-                        attribute(*(command.args or ()), **(command.kwargs or {}))
-                        if callable(attribute)
-                        else attribute
+                        attribute(*args, **kwargs) if callable(attribute) else attribute
                     )
                 except Exception as exc:
                     errors = (errors or []) + [error_info(env_id, command.name, exc)]

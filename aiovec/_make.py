@@ -39,7 +39,10 @@ def make(
     env_id: str | Callable[..., gym.Env],
     num_envs: int,
     *,
-    env_kwargs: dict[str, Any] | None = None,
+    env_kwargs: dict[str, Any]
+    | Sequence[dict[str, Any]]
+    | Callable[[int], dict[str, Any]]
+    | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
     backend: str = "auto",
     **options: Any,
@@ -50,7 +53,9 @@ def make(
         env_id: a Gymnasium registry id (``"CartPole-v1"``, ``"module:Env-v0"``) or a
             callable returning a ``gymnasium.Env`` (an env class works).
         num_envs: how many envs.
-        env_kwargs: keyword arguments for ``gymnasium.make`` or for the callable.
+        env_kwargs: keyword arguments for ``gymnasium.make`` or for the callable: one dict
+            for every env, a list with one dict per env, or a function from env index to
+            dict (per-env parameters, e.g. domain randomization).
         wrappers: ``gymnasium.Wrapper`` classes (or callables) applied to each env, in order.
         backend: ``"auto"`` (default) probes one env in this process for a few
             milliseconds and picks ``"inline"`` for envs too cheap to pay for IPC, one
@@ -76,13 +81,16 @@ def make(
     spec = None
     if isinstance(env_id, str):
         spec = gym.spec(env_id)  # unknown ids fail here, with Gymnasium's suggestions
-        factory = EnvFactory(gym.make, (env_id,), env_kwargs, wrappers)
+        make_env, args = gym.make, (env_id,)
     elif callable(env_id):
-        factory = EnvFactory(env_id, (), env_kwargs, wrappers)
+        make_env, args = env_id, ()
     else:
         raise TypeError(
             f"env_id must be a Gymnasium id or a callable returning an env, got {env_id!r}"
         )
+    per_env_kwargs = _per_env_kwargs(env_kwargs, num_envs)
+    factories = [EnvFactory(make_env, args, kwargs, wrappers) for kwargs in per_env_kwargs]
+    factory = factories[0]
     if backend == "auto":
         chosen = choose_backend(factory, num_envs)
         backend = chosen.pop("backend")
@@ -91,6 +99,20 @@ def make(
             options.pop("inline_envs", None)
         elif "num_workers" not in options:  # a worker count the user gave wins
             options = {**chosen, **options}
-    venv = VecEnv([factory] * num_envs, backend=backend, **options)
+    venv = VecEnv(factories, backend=backend, **options)
     venv.spec = spec
     return venv
+
+
+def _per_env_kwargs(env_kwargs: Any, num_envs: int) -> list[dict[str, Any]]:
+    if env_kwargs is None or isinstance(env_kwargs, dict):
+        return [dict(env_kwargs or {})] * num_envs
+    if callable(env_kwargs):
+        return [dict(env_kwargs(index)) for index in range(num_envs)]
+    kwargs = list(env_kwargs)
+    if len(kwargs) != num_envs:
+        raise ValueError(
+            f"env_kwargs has {len(kwargs)} entries for {num_envs} envs: give one dict per env, "
+            "one dict for all, or a function from env index to dict"
+        )
+    return [dict(item or {}) for item in kwargs]

@@ -25,7 +25,8 @@ class Reset(msgspec.Struct, array_like=True, tag=True):
     seq: int
     env_ids: list[int]
     seeds: list[Union[int, None]]
-    options: Any = None
+    options: Any = None  # one dict for all envs, or a list with one per env id
+    per_env_options: bool = False
 
 
 class Step(msgspec.Struct, array_like=True, tag=True):
@@ -46,11 +47,15 @@ class Step(msgspec.Struct, array_like=True, tag=True):
 
 
 class Call(msgspec.Struct, array_like=True, tag=True):
+    """Call method ``name`` of each env (or read the attribute), or, with ``function``,
+    call ``function(env, *args, **kwargs)``."""
+
     seq: int
     env_ids: list[int]
     name: str
     args: Any = None
     kwargs: Any = None
+    function: Any = None
 
 
 class SetAttr(msgspec.Struct, array_like=True, tag=True):

@@ -199,10 +199,16 @@ class VecEnv(VectorEnv):
     # --- async API: lockstep ------------------------------------------------------------------
 
     async def areset(
-        self, *, seed: int | Sequence[int | None] | None = None, options: dict | None = None
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict | Sequence[dict | None] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset the envs (all, or those in ``options["reset_mask"]``) and return
         ``(observations, infos)`` for the whole batch, like ``gymnasium`` ``reset``.
+
+        ``options`` is one dict for every env (as in Gymnasium) or a list with one dict
+        (or ``None``) per env, for per-env reset options.
 
         Raises:
             aiovec.EnvBusyError: an env to reset still has a step in flight or unread.
@@ -389,17 +395,26 @@ class VecEnv(VectorEnv):
                     f"If seeds are passed as a list the length must match num_envs={self.num_envs} "
                     f"but got length={len(seeds)}."
                 )
-        options = dict(options) if options is not None else None
         env_ids = self._scheduler.all_env_ids
-        if options is not None and "reset_mask" in options:
-            env_ids = _reset_mask_ids(options.pop("reset_mask"), self.num_envs)
+        per_env = isinstance(options, (list, tuple))
+        if per_env:
+            if len(options) != self.num_envs:
+                raise ValueError(
+                    f"per-env options must have one dict per env ({self.num_envs}), "
+                    f"got {len(options)}"
+                )
+        elif options is not None:
+            options = dict(options)  # never modify the caller's dict
+            if "reset_mask" in options:
+                env_ids = _reset_mask_ids(options.pop("reset_mask"), self.num_envs)
         self._check_idle(env_ids, "reset")
         self._scheduler.check_alive(env_ids)
-        tickets = self._scheduler.submit(
-            env_ids,
-            lambda seq, group: Reset(seq, group, [seeds[i] for i in group], options),
-            is_step=False,
-        )
+
+        def make_reset(seq: int, group: list[int]) -> Reset:
+            group_options = [options[i] for i in group] if per_env else options
+            return Reset(seq, group, [seeds[i] for i in group], group_options, per_env)
+
+        tickets = self._scheduler.submit(env_ids, make_reset, is_step=False)
         self._needs_reset[env_ids] = False
         return tickets
 
@@ -427,40 +442,75 @@ class VecEnv(VectorEnv):
 
     # --- calls and attributes -------------------------------------------------------------
 
-    async def acall(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Call method ``name`` (or read attribute ``name``) on every env; one result per env."""
-        return await self._call_wait(self._call_submit(name, args, kwargs))
+    async def acall(
+        self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any
+    ) -> tuple[Any, ...]:
+        """Call method ``name`` (or read attribute ``name``) on every env, or on ``env_ids``
+        only (the others may keep stepping); one result per env, in ``env_ids`` order.
 
-    def _call_submit(self, name: str, args: tuple, kwargs: dict) -> list[Ticket]:
+        ``env_ids`` is reserved: it is not passed on to the method.
+        """
+        return await self._call_wait(*self._call_submit(name, args, kwargs, env_ids))
+
+    async def aapply(
+        self,
+        function: Callable[..., Any],
+        *args: Any,
+        env_ids: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        """Run ``function(env, *args, **kwargs)`` where each env lives; one result per env.
+
+        ``function`` is sent to the workers with cloudpickle (lambdas work), and its
+        results come back by value. Useful for checks such as ``isinstance`` on wrappers.
+        """
+        name = getattr(function, "__name__", "function")
+        return await self._call_wait(*self._call_submit(name, args, kwargs, env_ids, function))
+
+    def _call_submit(
+        self,
+        name: str,
+        args: tuple,
+        kwargs: dict,
+        env_ids: Sequence[int] | None = None,
+        function: Callable[..., Any] | None = None,
+    ) -> tuple[list[int], list[Ticket]]:
         self._check_open(f"call {name!r}")
-        self._scheduler.check_alive(self._scheduler.all_env_ids)
-        return self._scheduler.submit(
-            self._scheduler.all_env_ids,
-            lambda seq, group: Call(seq, group, name, args, kwargs),
+        ids, _ = self._resolve_env_ids(env_ids)
+        self._scheduler.check_alive(ids)
+        tickets = self._scheduler.submit(
+            ids,
+            lambda seq, group: Call(seq, group, name, args, kwargs, function),
             is_step=False,
         )
+        return ids, tickets
 
-    async def _call_wait(self, tickets: list[Ticket], timeout: float | None = None) -> tuple:
-        results: list[Any] = [None] * self.num_envs
+    async def _call_wait(
+        self, env_ids: list[int], tickets: list[Ticket], timeout: float | None = None
+    ) -> tuple:
+        """The call results, in the order of ``env_ids``."""
+        results: dict[int, Any] = {}
         for ticket, reply in await self._wait_tickets(tickets, timeout):
-            for env_id, value in zip(ticket.env_ids, reply.values):
-                results[env_id] = value
-        return tuple(results)
+            results.update(zip(ticket.env_ids, reply.values))
+        return tuple(results[env_id] for env_id in env_ids)
 
-    async def aset_attr(self, name: str, values: Any) -> None:
-        """Set attribute ``name`` on every env: ``values`` per env (list/tuple) or one for all."""
+    async def aset_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:
+        """Set attribute ``name`` on every env (or on ``env_ids``): ``values`` has one
+        entry per env (a list or tuple), or is one value for all."""
         self._check_open(f"set_attr {name!r}")
+        ids, _ = self._resolve_env_ids(env_ids)
         if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
+            values = [values] * len(ids)
+        if len(values) != len(ids):
             raise ValueError(
                 "Values must be a list or tuple with length equal to the number of environments. "
-                f"Got `{len(values)}` values for {self.num_envs} environments."
+                f"Got `{len(values)}` values for {len(ids)} environments."
             )
-        self._scheduler.check_alive(self._scheduler.all_env_ids)
+        by_env = dict(zip(ids, values))
+        self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(
-            self._scheduler.all_env_ids,
-            lambda seq, group: SetAttr(seq, group, name, [values[i] for i in group]),
+            ids,
+            lambda seq, group: SetAttr(seq, group, name, [by_env[i] for i in group]),
             is_step=False,
         )
         await self._wait_tickets(tickets, None)
@@ -479,19 +529,33 @@ class VecEnv(VectorEnv):
         ensure_no_running_loop("step", "astep")
         return self._run(self.astep(actions))
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Call ``name`` on every env (or read it, if not callable); see :meth:`acall`."""
+    def call(
+        self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any
+    ) -> tuple[Any, ...]:
+        """Call ``name`` on every env or on ``env_ids`` (or read it, if not callable);
+        see :meth:`acall`."""
         ensure_no_running_loop("call", "acall")
-        return self._run(self.acall(name, *args, **kwargs))
+        return self._run(self.acall(name, *args, env_ids=env_ids, **kwargs))
+
+    def apply(
+        self,
+        function: Callable[..., Any],
+        *args: Any,
+        env_ids: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        """Run ``function(env, *args, **kwargs)`` on each env; see :meth:`aapply`."""
+        ensure_no_running_loop("apply", "aapply")
+        return self._run(self.aapply(function, *args, env_ids=env_ids, **kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """The attribute ``name`` of every env."""
         return self.call(name)
 
-    def set_attr(self, name: str, values: Any) -> None:
-        """Set attribute ``name`` on every env; see :meth:`aset_attr`."""
+    def set_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:
+        """Set attribute ``name`` on every env (or ``env_ids``); see :meth:`aset_attr`."""
         ensure_no_running_loop("set_attr", "aset_attr")
-        self._run(self.aset_attr(name, values))
+        self._run(self.aset_attr(name, values, env_ids))
 
     def render(self) -> tuple[Any, ...] | None:
         """The frames rendered by every env."""
@@ -539,7 +603,7 @@ class VecEnv(VectorEnv):
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`call_async`."""
-        return self._run(self._call_wait(self._end("call"), timeout))
+        return self._run(self._call_wait(*self._end("call"), timeout))
 
     def _begin(self, kind: str, state: Any) -> None:
         self._check_open(kind)

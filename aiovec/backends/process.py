@@ -414,7 +414,10 @@ def _to_wire(command: Command) -> Command:
         return msgspec.structs.replace(command, actions=to_wire(command.actions))
     if isinstance(command, Call):
         return msgspec.structs.replace(
-            command, args=to_wire(command.args), kwargs=to_wire(command.kwargs)
+            command,
+            args=to_wire(command.args),
+            kwargs=to_wire(command.kwargs),
+            function=to_wire(command.function),
         )
     if isinstance(command, SetAttr):
         return msgspec.structs.replace(command, values=to_wire(command.values))
