@@ -23,9 +23,15 @@ CASES = {
     "RecordEpisodeStatistics": ("CartPole-v1", vector_wrappers.RecordEpisodeStatistics),
     "NormalizeObservation": ("CartPole-v1", vector_wrappers.NormalizeObservation),
     "NormalizeReward": ("CartPole-v1", vector_wrappers.NormalizeReward),
-    "ClipReward": ("CartPole-v1", partial(vector_wrappers.ClipReward, min_reward=0, max_reward=0.5)),
+    "ClipReward": (
+        "CartPole-v1",
+        partial(vector_wrappers.ClipReward, min_reward=0, max_reward=0.5),
+    ),
     "ClipAction": ("Pendulum-v1", vector_wrappers.ClipAction),
-    "RescaleAction": ("Pendulum-v1", partial(vector_wrappers.RescaleAction, min_action=0, max_action=1)),
+    "RescaleAction": (
+        "Pendulum-v1",
+        partial(vector_wrappers.RescaleAction, min_action=0, max_action=1),
+    ),
     "FlattenObservation": (DICT_OBS, vector_wrappers.FlattenObservation),
     "DictInfoToList": (DICT_OBS, vector_wrappers.DictInfoToList),
 }

@@ -1,0 +1,1 @@
+"""Adapters that let aiovec envs drive the RL libraries people already use."""
