@@ -8,6 +8,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._loop import run
 from aiovec._make import make
+from aiovec.bookkeeping import Episode, EpisodeStatistics, TransitionAssembler
 from aiovec.envs import register_envs
 from aiovec.errors import (
     AiovecError,
@@ -33,10 +34,13 @@ __all__ = [
     "ClosedError",
     "EnvBusyError",
     "EnvError",
+    "Episode",
+    "EpisodeStatistics",
     "FactoryPicklingError",
     "NothingInFlightError",
     "StepTimeoutError",
     "SyncCallInEventLoopError",
+    "TransitionAssembler",
     "VecEnv",
     "WorkerCrashedError",
     "make",

@@ -1,0 +1,212 @@
+"""Per-env bookkeeping for first-ready batches, where env ids arrive in changing order.
+
+- :class:`EpisodeStatistics` keeps each env's running return, length and duration and
+  reports episodes as they finish.
+- :class:`TransitionAssembler` turns batches into per-env transitions
+  ``(observation, action, reward, next_observation, terminated, truncated)`` and hands
+  them out in fixed-size, time-ordered chunks: what an on-policy or replay learner needs.
+
+Both understand the autoreset modes: with ``NEXT_STEP`` the result that follows the end
+of an episode is the reset (reward 0), which belongs to no episode and makes no
+transition; with ``SAME_STEP`` the final observation comes from ``infos["final_obs"]``;
+with ``DISABLED`` call ``reset`` for the envs you reset.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from aiovec.vector_env import Batch
+
+
+class Episode(NamedTuple):
+    """One finished episode of env ``env_id``."""
+
+    env_id: int
+    episode_return: float
+    length: int
+    duration: float  # seconds from its first to its last step result
+    truncated: bool
+
+
+class EpisodeStatistics:
+    """Episode returns, lengths and durations per env, from first-ready batches.
+
+    Example:
+        >>> stats = EpisodeStatistics(num_envs=8)
+        >>> for episode in stats.update(batch):        # doctest: +SKIP
+        ...     print(episode.env_id, episode.episode_return)
+    """
+
+    def __init__(
+        self, num_envs: int, autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP
+    ) -> None:
+        self.num_envs = num_envs
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.returns = np.zeros(num_envs)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self._started = np.full(num_envs, np.nan)
+        self._after_end = np.zeros(num_envs, dtype=bool)
+        #: The most recent finished episodes (at most 1000).
+        self.finished: deque[Episode] = deque(maxlen=1000)
+
+    def reset(self, env_ids: Sequence[int] | None = None) -> None:
+        """Start new episodes for ``env_ids`` (default: all), e.g. after ``reset()``."""
+        rows = slice(None) if env_ids is None else np.asarray(env_ids)
+        self.returns[rows] = 0.0
+        self.lengths[rows] = 0
+        self._started[rows] = np.nan
+        self._after_end[rows] = False
+
+    def update(self, batch: Batch) -> list[Episode]:
+        """Account for one batch; return the episodes it finished."""
+        now = time.monotonic()
+        finished = []
+        ends = batch.terminations | batch.truncations
+        for row, env_id in enumerate(batch.env_ids.tolist()):
+            if self._after_end[env_id]:
+                self._after_end[env_id] = False
+                if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+                    continue  # the autoreset result: no step of any episode
+            if np.isnan(self._started[env_id]):
+                self._started[env_id] = now
+            self.returns[env_id] += batch.rewards[row]
+            self.lengths[env_id] += 1
+            if ends[row]:
+                episode = Episode(
+                    env_id,
+                    float(self.returns[env_id]),
+                    int(self.lengths[env_id]),
+                    now - self._started[env_id],
+                    bool(batch.truncations[row] and not batch.terminations[row]),
+                )
+                finished.append(episode)
+                self.finished.append(episode)
+                self.reset([env_id])
+                self._after_end[env_id] = True
+        return finished
+
+
+class Chunk(NamedTuple):
+    """``length`` consecutive transitions of each env in ``env_ids``: every field has
+    shape ``(len(env_ids), length, ...)`` (observations keep their Dict/Tuple nesting)."""
+
+    env_ids: np.ndarray
+    observations: Any
+    actions: Any
+    rewards: np.ndarray
+    next_observations: Any
+    terminations: np.ndarray
+    truncations: np.ndarray
+
+
+class TransitionAssembler:
+    """Builds per-env transitions from ``send``/``recv`` traffic, in each env's own order.
+
+    Call :meth:`reset` with the observations of a reset, :meth:`sent` with what you
+    pass to ``send``, and :meth:`received` with every batch ``recv`` returns; then
+    :meth:`take` hands out chunks of ``length`` transitions per env, oldest first.
+    """
+
+    def __init__(
+        self, num_envs: int, autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP
+    ) -> None:
+        self.num_envs = num_envs
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self._observation: list[Any] = [None] * num_envs
+        self._action: list[Any] = [None] * num_envs
+        self._after_end = [False] * num_envs
+        self._transitions: list[deque[tuple]] = [deque() for _ in range(num_envs)]
+
+    def reset(self, observations: Any, env_ids: Sequence[int] | None = None) -> None:
+        """Record reset observations (a batch, in the order of ``env_ids``, default all)."""
+        ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
+        for row, env_id in enumerate(ids):
+            self._observation[env_id] = _row(observations, row)
+            self._after_end[env_id] = False
+
+    def sent(self, actions: Any, env_ids: Sequence[int] | None = None) -> None:
+        """Record the actions sent to ``env_ids`` (default all), in that order."""
+        ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
+        for row, env_id in enumerate(ids):
+            self._action[env_id] = _row(actions, row)
+
+    def received(self, batch: Batch) -> None:
+        """Turn a batch of results into transitions."""
+        final_observations = batch.infos.get("final_obs")
+        final_mask = batch.infos.get("_final_obs")
+        for row, env_id in enumerate(batch.env_ids.tolist()):
+            observation = _row(batch.observations, row)
+            if self._after_end[env_id] and self.autoreset_mode is AutoresetMode.NEXT_STEP:
+                self._after_end[env_id] = False  # the autoreset: a new episode starts here
+                self._observation[env_id] = observation
+                continue
+            terminated, truncated = bool(batch.terminations[row]), bool(batch.truncations[row])
+            next_observation = observation
+            if final_mask is not None and final_mask[row]:  # SAME_STEP: obs is the reset's
+                next_observation = final_observations[row]
+            self._transitions[env_id].append(
+                (
+                    self._observation[env_id],
+                    self._action[env_id],
+                    float(batch.rewards[row]),
+                    next_observation,
+                    terminated,
+                    truncated,
+                )
+            )
+            self._observation[env_id] = observation
+            self._after_end[env_id] = terminated or truncated
+
+    def available(self) -> np.ndarray:
+        """How many transitions each env has waiting."""
+        return np.array([len(queue) for queue in self._transitions])
+
+    def take(self, length: int, env_ids: Sequence[int] | None = None) -> Chunk | None:
+        """The oldest ``length`` transitions of each env in ``env_ids`` (default: every env
+        that has that many), removed from the assembler; ``None`` if no env has enough."""
+        if env_ids is None:
+            env_ids = [i for i in range(self.num_envs) if len(self._transitions[i]) >= length]
+        else:
+            short = [i for i in env_ids if len(self._transitions[i]) < length]
+            if short:
+                raise ValueError(f"envs {short} have fewer than {length} transitions")
+        if not env_ids:
+            return None
+        per_env = [[self._transitions[i].popleft() for _ in range(length)] for i in env_ids]
+        fields = list(zip(*[list(zip(*steps)) for steps in per_env]))
+        observations, actions, rewards, next_observations, terms, truncs = (
+            _stack([_stack(list(items)) for items in field]) for field in fields
+        )
+        return Chunk(
+            np.asarray(env_ids),
+            observations,
+            actions,
+            np.asarray(rewards),
+            next_observations,
+            np.asarray(terms),
+            np.asarray(truncs),
+        )
+
+
+def _row(batch: Any, row: int) -> Any:
+    if isinstance(batch, dict):
+        return {key: _row(value, row) for key, value in batch.items()}
+    if isinstance(batch, tuple) and not isinstance(batch, np.ndarray):
+        return tuple(_row(value, row) for value in batch)
+    return batch[row]
+
+
+def _stack(items: list[Any]) -> Any:
+    first = items[0]
+    if isinstance(first, dict):
+        return {key: _stack([item[key] for item in items]) for key in first}
+    if isinstance(first, tuple):
+        return tuple(_stack([item[i] for item in items]) for i in range(len(first)))
+    return np.stack([np.asarray(item) for item in items])

@@ -1,0 +1,132 @@
+"""First-ready bookkeeping gives the same per-env transitions and episodes as lockstep."""
+
+from __future__ import annotations
+
+import random
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import aiovec
+from aiovec.bookkeeping import EpisodeStatistics, TransitionAssembler
+
+NUM_ENVS = 4
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP]
+
+
+def action_for(env_id: int, step: int) -> int:
+    """A fixed pseudo-random action sequence per env, whatever the stepping order."""
+    return (env_id * 7919 + step * 104729) % 5 % 2
+
+
+async def lockstep(mode, steps: int):
+    assembler, stats = TransitionAssembler(NUM_ENVS, mode), EpisodeStatistics(NUM_ENVS, mode)
+    async with aiovec.make("CartPole-v1", NUM_ENVS, backend="inline", autoreset_mode=mode) as venv:
+        observations, _ = await venv.areset(seed=1)
+        assembler.reset(observations)
+        episodes = []
+        for step in range(steps):
+            actions = np.array([action_for(i, step) for i in range(NUM_ENVS)])
+            assembler.sent(actions)
+            result = await venv.astep(actions)
+            batch = aiovec.Batch(*result, env_ids=np.arange(NUM_ENVS))
+            assembler.received(batch)
+            episodes += stats.update(batch)
+    return assembler, episodes
+
+
+async def first_ready(mode, steps: int):
+    assembler, stats = TransitionAssembler(NUM_ENVS, mode), EpisodeStatistics(NUM_ENVS, mode)
+    rng = random.Random(5)
+    async with aiovec.make(
+        "CartPole-v1", NUM_ENVS, backend="process", num_workers=2, autoreset_mode=mode
+    ) as venv:
+        observations, _ = await venv.areset(seed=1)
+        assembler.reset(observations)
+        sent, idle, episodes = [0] * NUM_ENVS, set(range(NUM_ENVS)), []
+        while min(sent) < steps or len(idle) < NUM_ENVS:
+            ready = [i for i in sorted(idle) if sent[i] < steps]
+            if ready and rng.random() < 0.5:
+                chosen = rng.sample(ready, rng.randint(1, len(ready)))
+                actions = np.array([action_for(i, sent[i]) for i in chosen])
+                assembler.sent(actions, chosen)
+                venv.send(actions, chosen)
+                for i in chosen:
+                    sent[i] += 1
+                idle -= set(chosen)
+            elif len(idle) < NUM_ENVS:
+                batch = await venv.recv(max_envs=rng.randint(1, NUM_ENVS))
+                assembler.received(batch)
+                episodes += stats.update(batch)
+                idle |= set(batch.env_ids.tolist())
+    return assembler, episodes
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+async def test_first_ready_transitions_match_lockstep(mode):
+    expected, expected_episodes = await lockstep(mode, 150)
+    actual, actual_episodes = await first_ready(mode, 150)
+    assert actual.available().tolist() == expected.available().tolist()
+    length = int(expected.available().min())
+    assert length > 100
+    a, e = actual.take(length), expected.take(length)
+    for field in a._fields:
+        np.testing.assert_array_equal(getattr(a, field), getattr(e, field), err_msg=field)
+    assert a.observations.shape == (NUM_ENVS, length, 4)
+
+    # episodes: same per env (order across envs differs in first-ready mode)
+    def by_env(episodes):
+        return sorted((ep.env_id, ep.episode_return, ep.length) for ep in episodes)
+
+    assert by_env(actual_episodes) == by_env(expected_episodes)
+    assert len(expected_episodes) > 4
+    assert all(ep.episode_return == ep.length for ep in expected_episodes)  # CartPole: +1/step
+
+
+def test_chunks_are_time_ordered_and_removed():
+    assembler = TransitionAssembler(2)
+    assembler.reset(np.array([[0.0], [10.0]]))
+    for step in range(1, 6):
+        assembler.sent(np.array([step, step]))
+        batch = aiovec.Batch(
+            np.array([[float(step)], [10.0 + step]]),
+            np.ones(2),
+            np.zeros(2, bool),
+            np.zeros(2, bool),
+            {},
+            np.array([0, 1]),
+        )
+        assembler.received(batch)
+    chunk = assembler.take(3)
+    assert chunk.observations[:, :, 0].tolist() == [[0, 1, 2], [10, 11, 12]]
+    assert chunk.next_observations[:, :, 0].tolist() == [[1, 2, 3], [11, 12, 13]]
+    assert chunk.actions.tolist() == [[1, 2, 3], [1, 2, 3]]
+    assert assembler.available().tolist() == [2, 2]
+    assert assembler.take(3) is None
+    with pytest.raises(ValueError, match="fewer than 3"):
+        assembler.take(3, env_ids=[0])
+
+
+def test_episode_statistics_match_record_episode_statistics():
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(
+        aiovec.make("CartPole-v1", 3, backend="inline")
+    )
+    stats = EpisodeStatistics(3)
+    envs.reset(seed=0)
+    expected, actual = [], []
+    for step in range(300):
+        result = envs.step(np.array([step % 2, 0, 1]))
+        infos = result[4]
+        if "episode" in infos:
+            for i in np.flatnonzero(infos["_episode"]):
+                expected.append(
+                    (int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+                )
+        actual += [
+            (ep.env_id, ep.episode_return, ep.length)
+            for ep in stats.update(aiovec.Batch(*result[:4], infos, np.arange(3)))
+        ]
+    envs.close()
+    assert actual == expected and len(actual) > 5
