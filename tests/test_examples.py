@@ -1,0 +1,37 @@
+"""Every example runs end to end on a tiny budget (outputs are checked, not timings)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CASES = {
+    "quickstart.py": (["--seconds", "0.2"], "first-ready"),
+    "async_agent.py": (["--seconds", "0.3", "--num-envs", "4"], "first-ready (<= 2)"),
+    "domain_randomization.py": (["--rounds", "2", "--steps", "50"], "pole lengths"),
+    "ppo_cartpole.py": (
+        ["--total-timesteps", "1024", "--num-envs", "4", "--num-steps", "64"],
+        "done: average return",
+    ),
+    "sb3_ppo.py": (["--total-timesteps", "512", "--num-envs", "2"], "mean return"),
+}
+
+
+@pytest.mark.parametrize("script", list(CASES))
+def test_example_runs(script, tmp_path):
+    args, expected = CASES[script]
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert expected in result.stdout
