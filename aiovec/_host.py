@@ -8,8 +8,10 @@ normally.
 
 from __future__ import annotations
 
+import inspect
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from operator import methodcaller
 from typing import Any
 
 import gymnasium as gym
@@ -103,99 +105,141 @@ class EnvHost:
         if self._observations is None:
             self._write_row = row_writer(self._observation_space, buffers.observations)
 
+    # Every env operation is a *flow*: a generator that yields requests (functions of the
+    # env) and receives their results. ``execute`` runs flows against envs synchronously,
+    # ``execute_async`` awaits what async envs return: one implementation of resets,
+    # autoreset, restarts and result writing for both kinds of env.
+
     def execute(self, command: Command) -> Reply:
         """Run ``command`` on each of its envs and describe the outcome."""
-        env_ids = command.env_ids
-        infos: list[Any] = [None] * len(env_ids)
-        values: list[Any] | None = None
-        errors: list[ErrorInfo] | None = None
+        results: list[Any] = [None] * len(command.env_ids)
+        errors: list[ErrorInfo] = []
         self._progressed = not isinstance(command, Step)  # a step must prove it
-        if isinstance(command, Step):
-            operation = "step"
-            for position, env_id in enumerate(env_ids):
-                action = (
-                    read_row(self.buffers.actions, env_id)
-                    if command.actions is None
-                    else command.actions[position]
-                )
+        for position, env_id in enumerate(command.env_ids):
+            operation, flow = self._flow(command, position)
+            try:
+                results[position] = self._drive(env_id, flow)
+            except Exception as exc:
                 try:
-                    infos[position] = self._step(env_id, action)
-                except Exception as exc:
-                    try:
-                        infos[position] = self._recover(env_id, exc)
-                    except Exception as final:
-                        errors = (errors or []) + [error_info(env_id, operation, final)]
-        elif isinstance(command, Reset):
-            operation = "reset"
-            for position, env_id in enumerate(env_ids):
-                options = command.options
-                if command.per_env_options:
-                    options = options[position]
-                try:
-                    infos[position] = self._reset(env_id, command.seeds[position], options)
-                except Exception as exc:
-                    errors = (errors or []) + [error_info(env_id, operation, exc)]
-        elif isinstance(command, Call):
-            values = [None] * len(env_ids)
-            for position, env_id in enumerate(env_ids):
-                try:
-                    args, kwargs = command.args or (), command.kwargs or {}
-                    if command.function is not None:
-                        values[position] = command.function(self.envs[env_id], *args, **kwargs)
-                        continue
-                    attribute = self.envs[env_id].get_wrapper_attr(command.name)
-                    values[position] = (
-                        attribute(*args, **kwargs) if callable(attribute) else attribute
-                    )
-                except Exception as exc:
-                    errors = (errors or []) + [error_info(env_id, command.name, exc)]
-        elif isinstance(command, SetAttr):
-            for position, env_id in enumerate(env_ids):
-                try:
-                    self.envs[env_id].set_wrapper_attr(command.name, command.values[position])
-                except Exception as exc:
-                    errors = (errors or []) + [error_info(env_id, f"set_attr {command.name}", exc)]
-        else:
-            raise TypeError(f"unexpected command {command!r}")
+                    if not isinstance(command, Step):
+                        raise
+                    results[position] = self._drive(env_id, self._recover_flow(env_id, exc))
+                except Exception as final:
+                    errors.append(error_info(env_id, operation, final))
+        return self._reply(command, results, errors)
 
+    async def execute_async(self, command: Command) -> Reply:
+        """:meth:`execute` for envs whose methods may return awaitables."""
+        results: list[Any] = [None] * len(command.env_ids)
+        errors: list[ErrorInfo] = []
+        self._progressed = not isinstance(command, Step)
+        for position, env_id in enumerate(command.env_ids):
+            operation, flow = self._flow(command, position)
+            try:
+                results[position] = await self._drive_async(env_id, flow)
+            except Exception as exc:
+                try:
+                    if not isinstance(command, Step):
+                        raise
+                    recovery = self._recover_flow(env_id, exc)
+                    results[position] = await self._drive_async(env_id, recovery)
+                except Exception as final:
+                    errors.append(error_info(env_id, operation, final))
+        return self._reply(command, results, errors)
+
+    def _drive(self, env_id: int, flow: Flow) -> Any:
+        try:
+            request = next(flow)
+            while True:
+                try:
+                    result = request(self.envs[env_id])
+                except Exception as exc:
+                    request = flow.throw(exc)
+                else:
+                    request = flow.send(result)
+        except StopIteration as finished:
+            return finished.value
+
+    async def _drive_async(self, env_id: int, flow: Flow) -> Any:
+        try:
+            request = next(flow)
+            while True:
+                try:
+                    result = request(self.envs[env_id])
+                    if inspect.isawaitable(result):
+                        result = await result
+                except Exception as exc:
+                    request = flow.throw(exc)
+                else:
+                    request = flow.send(result)
+        except StopIteration as finished:
+            return finished.value
+
+    def _flow(self, command: Command, position: int) -> tuple[str, Flow]:
+        """``(operation name, flow)`` for the env at ``position`` of ``command``."""
+        env_id = command.env_ids[position]
+        if isinstance(command, Step):
+            action = (
+                read_row(self.buffers.actions, env_id)
+                if command.actions is None
+                else command.actions[position]
+            )
+            return "step", self._step_flow(env_id, action)
+        if isinstance(command, Reset):
+            options = command.options[position] if command.per_env_options else command.options
+            return "reset", self._reset_flow(env_id, command.seeds[position], options)
+        if isinstance(command, Call):
+            return command.name, _single(_call_request(command))
+        if isinstance(command, SetAttr):
+            value = command.values[position]
+            request = methodcaller("set_wrapper_attr", command.name, value)
+            return f"set_attr {command.name}", _single(request)
+        raise TypeError(f"unexpected command {command!r}")
+
+    def _reply(self, command: Command, results: list[Any], errors: list[ErrorInfo]) -> Reply:
+        env_ids = command.env_ids
+        is_env_data = isinstance(command, (Step, Reset))
         observations = None
-        if self._observations is not None and isinstance(command, (Step, Reset)):
+        if self._observations is not None and is_env_data:
             observations = [self._observations.get(env_id) for env_id in env_ids]
         return Reply(
             seq=command.seq,
             env_ids=env_ids,
-            infos=infos if any(infos) else None,
-            values=values,
+            infos=results if is_env_data and any(results) else None,
+            values=results if isinstance(command, Call) else None,
             observations=observations,
-            errors=errors,
+            errors=errors or None,
             progressed=self._progressed,
         )
 
-    def _reset(self, env_id: int, seed: int | None, options: dict | None) -> dict:
+    def notify_restart(self, reason: str) -> None:
+        """Every env's next step reports a restart (its env was just rebuilt)."""
+        self._restart_notices = dict.fromkeys(self.envs, reason)
+
+    def _reset_flow(self, env_id: int, seed: int | None, options: dict | None) -> Flow:
         self._restart_notices.pop(env_id, None)  # a reset answers for any restart
-        observation, info = self.envs[env_id].reset(seed=seed, options=options)
+        observation, info = yield methodcaller("reset", seed=seed, options=options)
         self._write_observation(env_id, observation)
         self.buffers.terminations[env_id] = False
         self.buffers.truncations[env_id] = False
         self._needs_reset[env_id] = False
         return info
 
-    def notify_restart(self, reason: str) -> None:
-        """Every env's next step reports a restart (its env was just rebuilt)."""
-        self._restart_notices = dict.fromkeys(self.envs, reason)
-
-    def _recover(self, env_id: int, exc: Exception) -> dict:
+    def _recover_flow(self, env_id: int, exc: Exception) -> Flow:
         """Rebuild env ``env_id`` after ``exc`` and answer with its reset; re-raise
         ``exc`` when restarting is off or the env keeps failing."""
         self._failures_in_a_row[env_id] += 1
         if self._failures_in_a_row[env_id] > self._max_restarts:
             raise exc
-        _close_quietly(self.envs[env_id])
+        try:
+            yield _CLOSE
+        except Exception:
+            pass  # a broken env may fail to close too
         self.envs[env_id] = self._env_fns[env_id]()
-        return self._restarted_step(env_id, f"{type(exc).__qualname__}: {exc}")
+        return (yield from self._restarted_flow(env_id, f"{type(exc).__qualname__}: {exc}"))
 
-    def _restarted_step(self, env_id: int, reason: str) -> dict:
-        observation, info = self.envs[env_id].reset()
+    def _restarted_flow(self, env_id: int, reason: str) -> Flow:
+        observation, info = yield _RESET
         self._write_observation(env_id, observation)
         self.buffers.rewards[env_id] = 0.0
         self.buffers.terminations[env_id] = False
@@ -204,21 +248,20 @@ class EnvHost:
         self._needs_reset[env_id] = self.autoreset_mode is AutoresetMode.NEXT_STEP
         return {**info, "restarted": True, "restart_reason": reason}
 
-    def _step(self, env_id: int, action: Any) -> dict:
+    def _step_flow(self, env_id: int, action: Any) -> Flow:
         if self._restart_notices:
             reason = self._restart_notices.pop(env_id, None)
             if reason is not None:
-                return self._restarted_step(env_id, reason)
-        env = self.envs[env_id]
+                return (yield from self._restarted_flow(env_id, reason))
         stepped = not (self.autoreset_mode is AutoresetMode.NEXT_STEP and self._needs_reset[env_id])
         if not stepped:
-            observation, info = env.reset()
+            observation, info = yield _RESET
             reward, terminated, truncated = 0.0, False, False
         else:
-            observation, reward, terminated, truncated, info = env.step(action)
+            observation, reward, terminated, truncated, info = yield methodcaller("step", action)
             if self.autoreset_mode is AutoresetMode.SAME_STEP and (terminated or truncated):
                 final = {"final_obs": observation, "final_info": info}
-                observation, reset_info = env.reset()
+                observation, reset_info = yield _RESET
                 info = {**final, **reset_info}
         self._write_observation(env_id, observation)
         self.buffers.rewards[env_id] = reward
@@ -245,6 +288,28 @@ class EnvHost:
         """Close every env, ignoring their errors (closing must always finish)."""
         for env in self.envs.values():
             _close_quietly(env)
+
+
+Flow = Generator[Callable[[Any], Any], Any, Any]
+_RESET = methodcaller("reset")
+_CLOSE = methodcaller("close")
+
+
+def _single(request: Callable[[Any], Any]) -> Flow:
+    """A flow of one request, returning its result."""
+    return (yield request)
+
+
+def _call_request(command: Call) -> Callable[[Any], Any]:
+    args, kwargs = command.args or (), command.kwargs or {}
+    if command.function is not None:
+        return lambda env: command.function(env, *args, **kwargs)
+
+    def call(env: Any) -> Any:
+        attribute = env.get_wrapper_attr(command.name)
+        return attribute(*args, **kwargs) if callable(attribute) else attribute
+
+    return call
 
 
 def _close_quietly(env: gym.Env) -> None:
