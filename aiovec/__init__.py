@@ -8,6 +8,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._loop import run
 from aiovec._make import make
+from aiovec.async_env import AsyncEnv, SyncEnvAdapter
 from aiovec.bookkeeping import Episode, EpisodeStatistics, TransitionAssembler
 from aiovec.envs import register_envs
 from aiovec.errors import (
@@ -29,6 +30,7 @@ register_envs()
 
 __all__ = [
     "AiovecError",
+    "AsyncEnv",
     "AutoresetMode",
     "Batch",
     "ClosedError",
@@ -40,6 +42,7 @@ __all__ = [
     "NothingInFlightError",
     "StepTimeoutError",
     "SyncCallInEventLoopError",
+    "SyncEnvAdapter",
     "TransitionAssembler",
     "VecEnv",
     "WorkerCrashedError",

@@ -7,6 +7,7 @@ its step time and the share of that time spent on the CPU:
   cross-process round trip costs, run inline (IPC cannot pay for itself);
 - envs that mostly wait (sleep, IO) get one worker per env, up to a cap, because
   waiting costs no core;
+- async envs (:class:`aiovec.AsyncEnv`) run as coroutines on the event loop;
 - CPU-bound envs are split evenly between ``cores - 1`` workers and this process,
   which steps its share while the workers step theirs (no core sleeps through a
   wake-up).
@@ -21,6 +22,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from aiovec.async_env import AsyncEnv
+
 #: Cost of one lockstep round trip through the process backend (seconds), a conservative
 #: figure for a loaded 2-core machine; `aiovec bench` measures the real one.
 IPC_ROUND_TRIP = 150e-6
@@ -34,6 +37,8 @@ PROBE_MAX_STEPS = 200
 def probe_step_time(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
     """``(seconds per step, CPU share of that time)`` of one env built by ``env_fn``."""
     env = env_fn()
+    if isinstance(env, AsyncEnv):  # nothing to time: async envs always run as coroutines
+        raise _AsyncEnvFound
     try:
         env.reset(seed=0)
         env.action_space.seed(0)
@@ -51,6 +56,10 @@ def probe_step_time(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
     return wall / max(steps, 1), min(cpu / wall, 1.0) if wall > 0 else 1.0
 
 
+class _AsyncEnvFound(Exception):
+    pass
+
+
 def choose_backend(env_fn: Callable[[], gym.Env], num_envs: int) -> dict[str, Any]:
     """``VecEnv`` options (``backend``, ``num_workers``) suited to ``num_envs`` such envs.
 
@@ -60,6 +69,8 @@ def choose_backend(env_fn: Callable[[], gym.Env], num_envs: int) -> dict[str, An
     cores = os.cpu_count() or 1
     try:
         step_time, cpu_share = probe_step_time(env_fn)
+    except _AsyncEnvFound:
+        return {"backend": "coroutine"}
     except Exception:
         return {"backend": "process"}
     if cpu_share < WAITING_CPU_SHARE:

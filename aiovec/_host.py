@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode
 from aiovec._buffers import Buffers
 from aiovec._protocol import Call, Command, ErrorInfo, Reply, Reset, SetAttr, Step
 from aiovec._spaces import is_shareable, read_row, row_writer
+from aiovec.async_env import AsyncEnv
 
 
 def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
@@ -47,10 +48,10 @@ def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
     for env_id, env_fn in env_fns.items():
         try:
             env = env_fn()
-            if not isinstance(env, gym.Env):
+            if not isinstance(env, (gym.Env, AsyncEnv)):
                 raise TypeError(
-                    f"the env factory returned {type(env).__name__}, not a gymnasium.Env; "
-                    "it must be a callable that creates one env"
+                    f"the env factory returned {type(env).__name__}, not a gymnasium.Env "
+                    "(or aiovec.AsyncEnv); it must be a callable that creates one env"
                 )
         except Exception as exc:
             for built in envs.values():
@@ -212,9 +213,16 @@ class EnvHost:
             progressed=self._progressed,
         )
 
-    def notify_restart(self, reason: str) -> None:
-        """Every env's next step reports a restart (its env was just rebuilt)."""
-        self._restart_notices = dict.fromkeys(self.envs, reason)
+    def notify_restart(self, reason: str, env_ids: list[int] | None = None) -> None:
+        """The next step of each of ``env_ids`` (default: all) reports a restart: their
+        envs were just rebuilt."""
+        self._restart_notices.update(
+            dict.fromkeys(self.envs if env_ids is None else env_ids, reason)
+        )
+
+    def rebuild(self, env_id: int) -> Any:
+        """A new env from env ``env_id``'s factory (the caller installs it)."""
+        return self._env_fns[env_id]()
 
     def _reset_flow(self, env_id: int, seed: int | None, options: dict | None) -> Flow:
         self._restart_notices.pop(env_id, None)  # a reset answers for any restart
@@ -235,7 +243,7 @@ class EnvHost:
             yield _CLOSE
         except Exception:
             pass  # a broken env may fail to close too
-        self.envs[env_id] = self._env_fns[env_id]()
+        self.envs[env_id] = self.rebuild(env_id)
         return (yield from self._restarted_flow(env_id, f"{type(exc).__qualname__}: {exc}"))
 
     def _restarted_flow(self, env_id: int, reason: str) -> Flow:

@@ -94,7 +94,7 @@ def make(
     if backend == "auto":
         chosen = choose_backend(factory, num_envs)
         backend = chosen.pop("backend")
-        if backend == "inline":  # worker options mean nothing in-process
+        if backend in ("inline", "coroutine"):  # worker options mean nothing in-process
             options.pop("num_workers", None)
             options.pop("inline_envs", None)
         elif "num_workers" not in options:  # a worker count the user gave wins

@@ -24,7 +24,7 @@ from aiovec._spaces import batch_checker, copy_buffer, is_shareable, read_rows, 
 from aiovec.backends._base import Backend
 from aiovec.errors import ClosedError, EnvBusyError, NothingInFlightError
 
-BACKENDS = ("process", "inline")
+BACKENDS = ("process", "inline", "coroutine")
 
 
 class Batch(NamedTuple):
@@ -53,8 +53,9 @@ class VecEnv(VectorEnv):
         env_fns: one callable per env, each returning a new ``gymnasium.Env``. For the
             process backend they are sent to the workers with cloudpickle, so lambdas
             and closures work.
-        backend: ``"process"`` (envs in worker processes, data in shared memory) or
-            ``"inline"`` (envs in this process, no IPC).
+        backend: ``"process"`` (envs in worker processes, data in shared memory),
+            ``"inline"`` (envs in this process, no IPC) or ``"coroutine"`` (async envs,
+            :class:`aiovec.AsyncEnv`, as tasks on the event loop).
         num_workers: worker processes for the process backend; default one per CPU core
             (at most one per env). Envs are split into contiguous, even groups.
         copy: return copies of the observation buffers (``True``) or zero-copy views
@@ -120,10 +121,10 @@ class VecEnv(VectorEnv):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if on_failure not in ("raise", "restart"):
             raise ValueError(f"on_failure must be 'raise' or 'restart', got {on_failure!r}")
-        if step_timeout is not None and (backend != "process" or step_timeout <= 0):
+        if step_timeout is not None and (backend == "inline" or step_timeout <= 0):
             raise ValueError(
-                "step_timeout needs backend='process' (an env in this process cannot be "
-                f"interrupted) and a positive number of seconds, got {step_timeout!r}"
+                "step_timeout needs backend='process' or 'coroutine' (an env stepped inline "
+                f"cannot be interrupted) and a positive number of seconds, got {step_timeout!r}"
             )
         restarts = max_restarts if on_failure == "restart" else 0
         self.autoreset_mode = AutoresetMode(autoreset_mode)
@@ -136,6 +137,10 @@ class VecEnv(VectorEnv):
             from aiovec.backends.inline import InlineBackend
 
             self._backend: Backend = InlineBackend(env_fns, self.autoreset_mode, restarts)
+        elif backend == "coroutine":
+            from aiovec.backends.coroutine import CoroutineBackend
+
+            self._backend = CoroutineBackend(env_fns, self.autoreset_mode, restarts)
         else:
             from aiovec.backends.process import ProcessBackend
 
@@ -673,7 +678,20 @@ class VecEnv(VectorEnv):
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        self.close()
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """:meth:`close` from a coroutine: async envs are closed (awaited) before it returns."""
+        if getattr(self, "closed", True):
+            return
+        closing = getattr(self._backend, "aclose", None)
+        if closing is not None:
+            try:
+                await closing(self.close_timeout)
+            finally:
+                self.closed = True
+        else:
+            self.close()
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True):

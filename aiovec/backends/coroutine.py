@@ -1,0 +1,215 @@
+"""Coroutine backend: async envs (:class:`aiovec.AsyncEnv`) as tasks on the event loop.
+
+Every env is its own "worker" with a FIFO of commands, run by a task on the loop that
+drives the vector env: the running loop for the async API, a private one for the
+synchronous API. An env that hangs is cancelled alone (``kill``), and ``restart``
+rebuilds it from its factory, so the scheduler's timeouts and restart policy apply as
+with worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from aiovec._buffers import Buffers, build_buffers
+from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
+from aiovec._loop import new_event_loop
+from aiovec._protocol import Command
+from aiovec.async_env import AsyncEnv
+from aiovec.backends._base import Backend, Message, WorkerExit
+
+
+class CoroutineBackend(Backend):
+    """Hosts async envs as tasks; env ``i`` is worker ``i``."""
+
+    can_restart = True
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], AsyncEnv]],
+        autoreset_mode: AutoresetMode,
+        max_restarts: int = 0,
+    ) -> None:
+        factories = dict(enumerate(env_fns))
+        try:
+            envs = build_envs(factories)
+        except EnvBuildError as exc:
+            raise exc.info.to_exception() from None
+        self.groups = [[env_id] for env_id in envs]
+        self.descriptions = [describe(env) for env in envs.values()]
+        self._host = EnvHost(
+            envs, autoreset_mode, None, env_fns=factories, max_restarts=max_restarts
+        )
+        self._queues: list[deque[Command]] = [deque() for _ in envs]
+        self._runners: dict[int, asyncio.Task] = {}
+        self._inbox: list[Message] = []
+        self._waiter: asyncio.Future | None = None
+        self._private_loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the runners live
+
+    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
+        self.buffers = build_buffers(
+            observation_space, action_space, len(self.descriptions), np.zeros
+        )
+        self._host.attach(self.buffers)
+        return self.buffers
+
+    # --- commands -------------------------------------------------------------------------
+
+    def submit(self, worker: int, command: Command) -> None:
+        loop = self._current_loop()
+        self._queues[worker].append(command)
+        if worker not in self._runners:
+            self._runners[worker] = loop.create_task(self._run(worker))
+
+    async def _run(self, worker: int) -> None:
+        """Execute ``worker``'s commands in order, one reply each."""
+        queue = self._queues[worker]
+        try:
+            while queue:
+                reply = await self._host.execute_async(queue[0])
+                queue.popleft()
+                self._deliver((worker, reply))
+        except asyncio.CancelledError:
+            queue.clear()
+            self._deliver((worker, WorkerExit(None, "its step was cancelled")))
+            raise
+        finally:
+            if self._runners.get(worker) is asyncio.current_task():
+                del self._runners[worker]
+
+    def _current_loop(self) -> asyncio.AbstractEventLoop:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if self._private_loop is None:
+                self._private_loop = new_event_loop()
+            loop = self._private_loop
+        if self._runners and loop is not self._loop:
+            raise RuntimeError(
+                "this vector env's async envs are busy on another event loop; "
+                "collect their results (recv) on that loop first"
+            )
+        self._loop = loop
+        return loop
+
+    # --- messages -------------------------------------------------------------------------
+
+    def _deliver(self, message: Message) -> None:
+        self._inbox.append(message)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def poll(self) -> list[Message]:
+        messages, self._inbox = self._inbox, []
+        return messages
+
+    async def wait(self, timeout: float | None = None) -> list[Message]:
+        if not self._inbox:
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, self._wake)
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        return self.poll()
+
+    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+        if self._inbox:
+            return self.poll()
+        loop = self._current_loop()
+        return loop.run_until_complete(self.wait(timeout))
+
+    # --- failures -----------------------------------------------------------------------------
+
+    def kill(self, worker: int) -> None:
+        runner = self._runners.get(worker)
+        if runner is not None:
+            runner.cancel()
+
+    def restart(self, worker: int, reason: str) -> None:
+        env_id = worker
+        old = self._host.envs[env_id]
+        self._host.envs[env_id] = self._host.rebuild(env_id)
+        self._close_later(old)
+        self._host.notify_restart(reason, env_ids=[env_id])
+
+    def _close_later(self, env: Any) -> None:
+        result = _close_call(env)
+        if inspect.isawaitable(result):
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.create_task(_quietly(result))
+            else:
+                result.close()  # type: ignore[union-attr]
+
+    # --- shutdown -------------------------------------------------------------------------
+
+    async def aclose(self, timeout: float) -> None:
+        """Cancel what runs and await every env's ``close`` (within ``timeout``)."""
+        runners = list(self._runners.values())
+        for runner in runners:
+            runner.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
+        closes = [_quietly(result) for env in self._host.envs.values()
+                  if inspect.isawaitable(result := _close_call(env))]  # fmt: skip
+        await _close_all(closes, timeout)
+        if self._private_loop is not None:
+            self._private_loop.close()
+
+    def close(self, timeout: float) -> None:
+        for runner in list(self._runners.values()):
+            runner.cancel()
+        closes = [_quietly(result) for env in self._host.envs.values()
+                  if inspect.isawaitable(result := _close_call(env))]  # fmt: skip
+        loop = self._loop or self._private_loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if closes:
+            if running is not None:  # cannot block here: close in the background
+                for close in closes:
+                    running.create_task(close)
+            elif loop is not None and not loop.is_closed():
+                loop.run_until_complete(_close_all(closes, timeout))
+            else:
+                asyncio.run(_close_all(closes, timeout))
+        if self._private_loop is not None and running is not self._private_loop:
+            self._private_loop.run_until_complete(asyncio.sleep(0))  # let cancellations land
+            self._private_loop.close()
+
+
+def _close_call(env: Any) -> Any:
+    try:
+        return env.close()
+    except Exception:
+        return None
+
+
+async def _close_all(closes: list[Any], timeout: float) -> None:
+    if closes:
+        try:
+            await asyncio.wait_for(asyncio.gather(*closes), timeout)
+        except asyncio.TimeoutError:
+            pass  # closing must finish; envs that take longer are abandoned
+
+
+async def _quietly(awaitable: Any) -> None:
+    try:
+        await awaitable
+    except Exception:
+        pass

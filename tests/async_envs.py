@@ -1,0 +1,59 @@
+"""Async envs for the tests (importable by worker processes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from gymnasium import spaces
+
+from aiovec import AsyncEnv
+
+
+class AsyncCounterEnv(AsyncEnv):
+    """Observation ``[env_index, step]``, reward ``step``; each step awaits ``delay`` s
+    (or a seeded lognormal time with mean ``mean_delay``). Ends episodes after
+    ``episode_length`` steps (truncation), so autoreset is exercised."""
+
+    observation_space = spaces.Box(0, np.inf, (2,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(
+        self,
+        env_index: int = 0,
+        delay: float = 0.0,
+        mean_delay: float | None = None,
+        episode_length: int = 7,
+        fail_at: int | None = None,
+        hang_at: int | None = None,
+    ) -> None:
+        self.env_index, self.delay, self.mean_delay = env_index, delay, mean_delay
+        self.episode_length, self.fail_at, self.hang_at = episode_length, fail_at, hang_at
+        self.count = 0
+        self.steps_since_built = 0
+        self.closed = False
+
+    async def reset(self, *, seed=None, options=None):
+        await super().reset(seed=seed)
+        self.count = 0
+        return np.array([self.env_index, 0.0]), {"start": self.env_index}
+
+    async def step(self, action):
+        self.steps_since_built += 1
+        if self.steps_since_built == self.fail_at:
+            raise ConnectionError(f"simulator {self.env_index} dropped the connection")
+        if self.steps_since_built == self.hang_at:
+            await asyncio.Event().wait()  # never set
+        if self.mean_delay is not None:
+            sigma = 1.0
+            delay = self.np_random.lognormal(np.log(self.mean_delay) - sigma**2 / 2, sigma)
+            await asyncio.sleep(min(delay, 20 * self.mean_delay))
+        elif self.delay:
+            await asyncio.sleep(self.delay)
+        self.count += 1
+        observation = np.array([self.env_index, float(self.count)])
+        truncated = self.count >= self.episode_length
+        return observation, float(self.count), False, truncated, {"action": int(action)}
+
+    async def close(self):
+        self.closed = True

@@ -1,0 +1,158 @@
+"""Native async envs on the coroutine backend."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import aiovec
+from tests.async_envs import AsyncCounterEnv
+from tests.test_parity import assert_same
+
+
+def async_envs(count: int, **kwargs) -> list:
+    return [partial(AsyncCounterEnv, i, **kwargs) for i in range(count)]
+
+
+async def test_fast_envs_come_first():
+    env_fns = [partial(AsyncCounterEnv, i, delay=0.3 if i % 2 == 0 else 0.0) for i in range(4)]
+    async with aiovec.VecEnv(env_fns, backend="coroutine") as venv:
+        observations, infos = await venv.areset()
+        assert observations[:, 0].tolist() == [0, 1, 2, 3]
+        assert infos["start"].tolist() == [0, 1, 2, 3]
+        venv.send(np.zeros(4, dtype=np.int64))
+        first = await venv.recv(min_envs=2, max_envs=2)
+        assert sorted(first.env_ids.tolist()) == [1, 3]
+        rest = await venv.recv(min_envs=2)
+        assert sorted(rest.env_ids.tolist()) == [0, 2]
+
+
+async def test_thousand_envs_step_concurrently():
+    async with aiovec.make(AsyncCounterEnv, 1000, env_kwargs={"delay": 0.05}) as venv:
+        assert venv.backend == "coroutine"
+        await venv.areset()
+        started = time.monotonic()
+        result = await venv.astep(np.zeros(1000, dtype=np.int64))
+        assert time.monotonic() - started < 2.0  # concurrent: not 1000 x 50 ms
+        assert result[1].tolist() == [1.0] * 1000
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+def test_same_results_as_the_process_backend_running_the_same_logic(mode):
+    """The async env through the coroutine backend, and the same env made blocking
+    (SyncEnvAdapter) through worker processes, give identical results."""
+
+    def run(venv):
+        record = [venv.reset(seed=3)]
+        for step in range(20):
+            result = venv.step(np.array([step % 2, 1, 0]))
+            record.append(result)
+            if mode is AutoresetMode.DISABLED and (result[2] | result[3]).any():
+                record.append(venv.reset(options={"reset_mask": result[2] | result[3]}))
+        record.append(venv.get_attr("count"))
+        venv.close()
+        return record
+
+    async_fns = async_envs(3, episode_length=5)
+    expected = run(aiovec.VecEnv(async_fns, backend="coroutine", autoreset_mode=mode))
+    blocking = [aiovec.SyncEnvAdapter.factory(fn) for fn in async_fns]
+    actual = run(aiovec.VecEnv(blocking, backend="process", num_workers=2, autoreset_mode=mode))
+    for index, (a, e) in enumerate(zip(actual, expected)):
+        assert_same(a, e, f"record[{index}]")
+
+
+async def test_every_action_gets_exactly_one_result():
+    rng = random.Random(1)
+    async with aiovec.VecEnv(async_envs(8, mean_delay=0.002), backend="coroutine") as venv:
+        await venv.areset(seed=0)
+        idle, sent, received = set(range(8)), [0] * 8, [0] * 8
+        for _ in range(1500):
+            if idle and rng.random() < 0.5:
+                chosen = rng.sample(sorted(idle), rng.randint(1, len(idle)))
+                venv.send(np.ones(len(chosen), dtype=np.int64), chosen)
+                for env_id in chosen:
+                    sent[env_id] += 1
+                idle -= set(chosen)
+            elif len(idle) < 8:
+                batch = await venv.recv(max_envs=rng.randint(1, 8))
+                for env_id in batch.env_ids.tolist():
+                    assert env_id not in idle
+                    received[env_id] += 1
+                    idle.add(env_id)
+        while len(idle) < 8:
+            for env_id in (await venv.recv()).env_ids.tolist():
+                received[env_id] += 1
+                idle.add(env_id)
+        assert sent == received
+
+
+async def test_raising_env_is_reported_and_the_others_keep_going():
+    env_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, fail_at=1)]
+    async with aiovec.VecEnv(env_fns, backend="coroutine") as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        with pytest.raises(aiovec.EnvError, match="env 1 raised ConnectionError in step") as caught:
+            await venv.recv(min_envs=2)
+        assert "dropped the connection" in caught.value.worker_traceback
+        batch = await venv.recv()
+        assert batch.env_ids.tolist() == [0]
+
+
+async def test_hanging_env_is_cancelled_alone_after_step_timeout():
+    env_fns = [partial(AsyncCounterEnv, 0, delay=0.01), partial(AsyncCounterEnv, 1, hang_at=1)]
+    async with aiovec.VecEnv(env_fns, backend="coroutine", step_timeout=0.3) as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        first = await venv.recv()
+        assert first.env_ids.tolist() == [0]
+        venv.send([0], env_ids=[0])  # env 0 keeps stepping while env 1 hangs
+        with pytest.raises(aiovec.StepTimeoutError, match=r"envs \[1\] did not answer"):
+            while True:
+                await venv.recv()
+
+
+async def test_restart_policy_rebuilds_a_failing_async_env():
+    env_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, hang_at=2)]
+    async with aiovec.VecEnv(
+        env_fns, backend="coroutine", on_failure="restart", step_timeout=0.3
+    ) as venv:
+        await venv.areset()
+        await venv.astep([0, 0])
+        observations, rewards, _, truncations, infos = await venv.astep([0, 0])
+        assert truncations.tolist() == [False, True]
+        assert infos["restarted"].tolist() == [False, True]
+        assert "did not answer" in infos["restart_reason"][1]
+        assert observations[1].tolist() == [1, 0]
+        assert venv.restart_counts.tolist() == [0, 1]
+
+
+async def test_cancelling_recv_loses_nothing():
+    async with aiovec.VecEnv(async_envs(2, delay=0.2), backend="coroutine") as venv:
+        await venv.areset()
+        venv.send([0, 1])
+        task = asyncio.ensure_future(venv.recv(min_envs=2))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        batch = await venv.recv(min_envs=2)
+        assert sorted(batch.env_ids.tolist()) == [0, 1]
+
+
+def test_sync_api_and_close():
+    venv = aiovec.VecEnv(async_envs(3, delay=0.01), backend="coroutine")
+    venv.reset(seed=1)
+    _, rewards, *_ = venv.step([0, 1, 0])
+    assert rewards.tolist() == [1.0, 1.0, 1.0]
+    assert venv.call("count", env_ids=[2]) == (1,)
+    venv.set_attr("delay", 0.0)
+    assert venv.get_attr("delay") == (0.0, 0.0, 0.0)
+    envs = venv._backend._host.envs
+    venv.close()
+    assert all(env.closed for env in envs.values())
