@@ -6,7 +6,7 @@ stepped in lockstep or first-ready from asyncio.
 
 from gymnasium.vector import AutoresetMode
 
-from aiovec._loop import run
+from aiovec._loop import new_event_loop, run
 from aiovec._make import make
 from aiovec.async_env import AsyncEnv, SyncEnvAdapter
 from aiovec.bookkeeping import Episode, EpisodeStatistics, TransitionAssembler
@@ -47,5 +47,6 @@ __all__ = [
     "VecEnv",
     "WorkerCrashedError",
     "make",
+    "new_event_loop",
     "run",
 ]

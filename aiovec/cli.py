@@ -130,14 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser = commands.add_parser(
         "bench",
         help="compare aiovec with Gymnasium (and SB3 if installed) on built-in workloads",
-        description="Runs workloads W1-W5 (and 'memory') and reports medians of repeated "
+        description="Runs workloads W1-W6 (and 'memory') and reports medians of repeated "
         "windows, as ratios to Gymnasium's vector envs measured in the same run.",
     )
     bench_parser.add_argument(
         "--workloads",
         default=DEFAULT_WORKLOADS,
         help="comma-separated: W1 (CartPole), W2 (no-op overhead), W3 (IO latency), "
-        "W4 (CPU latency), W5 (large observations), memory (default: %(default)s)",
+        "W4 (CPU latency), W5 (large observations), W6 (async envs, 1000 by default), "
+        "memory (default: %(default)s)",
     )
     bench_parser.add_argument("--env-id", default=None, help="env id for W1 (default CartPole-v1)")
     bench_parser.add_argument("--num-envs", default=None, help="comma-separated env counts")

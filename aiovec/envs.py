@@ -6,10 +6,14 @@ Registered with Gymnasium on ``import aiovec``:
 - ``aiovec/VariableLatency-v0`` -- each step takes a lognormal time (sleeping like an
   IO-bound simulator, or busy-waiting like a CPU-bound one).
 - ``aiovec/LargeObs-v0`` -- 84x84x4 uint8 image observations, no-op dynamics.
+
+And, as an :class:`aiovec.AsyncEnv` (not registered: Gymnasium's registry makes
+blocking envs), :class:`AsyncLatencyEnv`, whose steps await a lognormal time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Any
@@ -17,6 +21,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from aiovec.async_env import AsyncEnv
 
 
 class NoOpEnv(gym.Env):
@@ -89,6 +95,31 @@ class LargeObsEnv(NoOpEnv):
     def step(self, action: Any):
         self._observation.flat[0] = self._steps % 256  # a changing pixel, so copies are real
         return super().step(action)
+
+
+class AsyncLatencyEnv(AsyncEnv):
+    """An async env whose step awaits ``asyncio.sleep`` for a lognormal time (mean
+    ``mean_step_time``, ``sigma`` in log space, capped at ``max_step_time``): the shape
+    of network- and tool-bound environments."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(
+        self, mean_step_time: float = 0.05, sigma: float = 1.0, max_step_time: float = 1.0
+    ) -> None:
+        self.sigma, self.max_step_time = sigma, max_step_time
+        self.mu = math.log(mean_step_time) - sigma**2 / 2
+        self._observation = np.zeros(4, dtype=np.float32)
+
+    async def reset(self, *, seed: int | None = None, options: dict | None = None):
+        await super().reset(seed=seed)
+        return self._observation, {}
+
+    async def step(self, action: Any):
+        delay = min(self.np_random.lognormal(self.mu, self.sigma), self.max_step_time)
+        await asyncio.sleep(delay)
+        return self._observation, 1.0, False, False, {}
 
 
 def register_envs() -> None:

@@ -156,3 +156,16 @@ def test_sync_api_and_close():
     envs = venv._backend._host.envs
     venv.close()
     assert all(env.closed for env in envs.values())
+
+
+def test_async_envs_must_be_received_on_the_loop_that_started_them():
+    venv = aiovec.VecEnv(async_envs(2, delay=0.01), backend="coroutine")
+    venv.reset()
+    venv.send([0, 0])  # no loop running: the envs start on the private loop
+
+    async def receive():
+        return await venv.recv()
+
+    with pytest.raises(RuntimeError, match="same loop"):
+        aiovec.run(receive())
+    venv.close()

@@ -19,6 +19,10 @@ CASES = {
         "done: average return",
     ),
     "sb3_ppo.py": (["--total-timesteps", "512", "--num-envs", "2"], "mean return"),
+    "tcp_simulator.py": (
+        ["--num-envs", "20", "--seconds", "0.5"],
+        "TCP envs on backend='coroutine'",
+    ),
 }
 
 

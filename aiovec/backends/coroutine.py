@@ -118,6 +118,11 @@ class CoroutineBackend(Backend):
     async def wait(self, timeout: float | None = None) -> list[Message]:
         if not self._inbox:
             loop = asyncio.get_running_loop()
+            if self._runners and loop is not self._loop:
+                raise RuntimeError(
+                    "the async envs were started on another event loop (send() and recv() "
+                    "must run on the same loop; the synchronous API uses a private one)"
+                )
             self._waiter = loop.create_future()
             timer = None if timeout is None else loop.call_later(timeout, self._wake)
             try:
@@ -171,25 +176,29 @@ class CoroutineBackend(Backend):
             self._private_loop.close()
 
     def close(self, timeout: float) -> None:
+        """Cancel what runs and close every env: awaited on this backend's loop when no
+        loop is running, scheduled on the running loop otherwise (use ``aclose`` there
+        to wait for it), skipped when ``timeout`` is 0 (``__del__``, Ctrl-C)."""
         for runner in list(self._runners.values()):
             runner.cancel()
-        closes = [_quietly(result) for env in self._host.envs.values()
+        closes = [result for env in self._host.envs.values()
                   if inspect.isawaitable(result := _close_call(env))]  # fmt: skip
-        loop = self._loop or self._private_loop
         try:
-            running = asyncio.get_running_loop()
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if closes:
-            if running is not None:  # cannot block here: close in the background
-                for close in closes:
-                    running.create_task(close)
-            elif loop is not None and not loop.is_closed():
-                loop.run_until_complete(_close_all(closes, timeout))
-            else:
-                asyncio.run(_close_all(closes, timeout))
+        loop = self._loop or self._private_loop
+        if running is not None and timeout:
+            for close in closes:
+                running.create_task(_quietly(close))
+        elif loop is not None and not loop.is_closed() and timeout:
+            loop.run_until_complete(_close_all([_quietly(c) for c in closes], timeout))
+        else:
+            for close in closes:
+                getattr(close, "close", lambda: None)()  # never run: discard without warnings
         if self._private_loop is not None and running is not self._private_loop:
-            self._private_loop.run_until_complete(asyncio.sleep(0))  # let cancellations land
+            if timeout and not self._private_loop.is_closed():
+                self._private_loop.run_until_complete(asyncio.sleep(0))  # cancellations land
             self._private_loop.close()
 
 

@@ -79,7 +79,10 @@ class AiovecFirstReady(Contender):
     def __init__(self, batch_size: int, options: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.batch_size, self.options = batch_size, options
-        self.name = f"aiovec {options.get('backend', 'process')} (first-ready {batch_size})"
+        workers = f", {options['num_workers']} workers" if "num_workers" in options else ""
+        self.name = (
+            f"aiovec {options.get('backend', 'process')} (first-ready {batch_size}{workers})"
+        )
 
     def start(self) -> None:
         self.env = aiovec.VecEnv([self.env_fn] * self.num_envs, copy=self.copy, **self.options)
@@ -87,13 +90,15 @@ class AiovecFirstReady(Contender):
         space = self.env.single_action_space
         space.seed(0)
         self._actions = np.stack([space.sample() for _ in range(self.num_envs)])
-        self.env.send(self._actions)
+        self._loop = aiovec.new_event_loop()  # one loop for every window: async envs live on it
 
     def run(self, seconds: float) -> int:
-        return aiovec.run(self._run(seconds))
+        return self._loop.run_until_complete(self._run(seconds))
 
     async def _run(self, seconds: float) -> int:
         env, actions, batch_size, steps = self.env, self._actions, self.batch_size, 0
+        if not self.recv_latencies:  # first window: start every env
+            env.send(actions)
         latencies = self.recv_latencies
         clock = time.perf_counter
         deadline = clock() + seconds
@@ -106,7 +111,8 @@ class AiovecFirstReady(Contender):
         return steps
 
     def close(self) -> None:
-        self.env.close()
+        self._loop.run_until_complete(self.env.aclose())
+        self._loop.close()
 
 
 class SB3Lockstep(Contender):

@@ -28,6 +28,9 @@ def workload_table(result: WorkloadResult) -> str:
         header.append("of ideal")
     if result.bytes_per_step:
         header.append("MB/s")
+    memory = any(entry.memory_per_env is not None for entry in result.results)
+    if memory:
+        header.append("memory per env")
     lines = [f"### {result.title}", "", "| " + " | ".join(header) + " |"]
     lines.append("|" + "---|" * len(header))
     for entry in result.results:
@@ -48,6 +51,9 @@ def workload_table(result: WorkloadResult) -> str:
             row.append(f"{entry.rate / result.ideal:.2f}")
         if result.bytes_per_step:
             row.append(f"{entry.rate * result.bytes_per_step / 1e6:,.0f}")
+        if memory:
+            per_env = entry.memory_per_env
+            row.append(f"{per_env / 1024:,.1f} KiB" if per_env is not None else "-")
         lines.append("| " + " | ".join(row) + " |")
     if per_step:
         lines += ["", "Ratios for per-step overhead are ours / theirs: below 1 is faster."]

@@ -28,6 +28,7 @@ class ContenderResult:
     library: str
     rates: list[float]  # env steps per second, one per window
     cpu_us_per_step: float | None = None
+    memory_per_env: float | None = None  # bytes, when the workload measures memory
     recv_latencies: list[float] = field(default_factory=list)
     error: str | None = None
 
@@ -71,8 +72,14 @@ def run_workload(
         for contender in contenders:
             progress(f"{workload.key}: starting {contender.name}")
             try:
+                existing = set(system.descendant_pids())
+                memory_before = system.proportional_memory([system.os.getpid()])
                 contender.start()
                 contender.run(min(0.3, seconds))  # warm-up: caches, first episodes
+                if workload.measure_memory:
+                    new = [pid for pid in system.descendant_pids() if pid not in existing]
+                    used = system.proportional_memory([system.os.getpid(), *new]) - memory_before
+                    results[contender.name].memory_per_env = used / workload.num_envs
             except Exception as exc:  # a library that fails is reported, not fatal
                 results[contender.name].error = f"{type(exc).__name__}: {exc}"
                 continue

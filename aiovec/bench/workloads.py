@@ -40,6 +40,7 @@ class Workload:
     metric: str = "steps/s"
     ideal: float | None = None
     bytes_per_step: int = 0
+    measure_memory: bool = False  # report memory per env
     notes: list[str] = field(default_factory=list)
 
 
@@ -90,11 +91,11 @@ def _latency_workload(
                 process_options={"num_workers": num_workers},
             )
             for batch_size in (num_envs // 2, 1):
-                contender = AiovecFirstReady(
-                    batch_size, {"backend": "process", "num_workers": num_workers}, **common
+                result.append(
+                    AiovecFirstReady(
+                        batch_size, {"backend": "process", "num_workers": num_workers}, **common
+                    )
                 )
-                contender.name += f" {num_workers} workers"
-                result.append(contender)
         result += lockstep_contenders(env_fn, num_envs, include=("sync", "async"))
         if sb3_available():
             result.append(SB3Lockstep("SubprocVecEnv", **common))
@@ -154,6 +155,38 @@ def w5(num_envs: int = 8) -> Workload:
     )
 
 
+def w6(num_envs: int = 1000) -> Workload:
+    """Async envs (asyncio.sleep, lognormal mean 50 ms) on the coroutine backend, vs the
+    same logic as blocking envs in worker processes."""
+    from aiovec.envs import AsyncLatencyEnv, SyncEnvAdapter
+
+    mean = 0.05
+    env_fn = partial(AsyncLatencyEnv, mean_step_time=mean)
+
+    def contenders() -> list[Contender]:
+        common = {"num_envs": num_envs}
+        workers = min(num_envs, 64)
+        return [
+            AiovecFirstReady(num_envs, {"backend": "coroutine"}, env_fn=env_fn, **common),
+            AiovecFirstReady(
+                num_envs,
+                {"backend": "process", "num_workers": workers},
+                env_fn=SyncEnvAdapter.factory(env_fn),
+                **common,
+            ),
+        ]
+
+    return Workload(
+        key=f"W6-{num_envs}",
+        title=f"W6: async envs awaiting lognormal latency (mean 50 ms), {num_envs} envs",
+        env_fn=env_fn,
+        num_envs=num_envs,
+        contenders=contenders,
+        ideal=num_envs / mean,
+        measure_memory=True,
+    )
+
+
 def workload(key: str, num_envs: int | None = None, env_id: str | None = None) -> list[Workload]:
     """The workloads named ``key`` (``W1`` expands to 8 and 64 envs unless given)."""
     key = key.upper()
@@ -168,4 +201,6 @@ def workload(key: str, num_envs: int | None = None, env_id: str | None = None) -
         return [w4(num_envs or 8)]
     if key == "W5":
         return [w5(num_envs or 8)]
-    raise ValueError(f"unknown workload {key!r}: choose from W1, W2, W3, W4, W5, memory")
+    if key == "W6":
+        return [w6(num_envs or 1000)]
+    raise ValueError(f"unknown workload {key!r}: choose from W1, W2, W3, W4, W5, W6, memory")
