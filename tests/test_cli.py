@@ -20,7 +20,7 @@ def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
 def test_bench_writes_table_plots_and_json(tmp_path):
     result = run_cli(
         "bench",
-        "--workloads", "W1,W3,memory",
+        "--workloads", "W1,W3,W6,memory",
         "--num-envs", "2",
         "--seconds", "0.05",
         "--repeats", "1",
@@ -37,7 +37,7 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["machine"]["pipe_round_trip_us"] > 0
     keys = [workload["key"] for workload in data["workloads"]]
-    assert keys == ["W1-2", "W3"]
+    assert keys == ["W1-2", "W3", "W6-2"]
     rates = {r["name"]: r["median_steps_per_s"] for r in data["workloads"][0]["results"]}
     assert rates["aiovec inline"] > 0 and rates["gymnasium SyncVectorEnv"] > 0
     assert {m["name"] for m in data["memory"]} >= {"aiovec process", "gymnasium AsyncVectorEnv"}

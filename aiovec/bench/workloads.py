@@ -158,7 +158,8 @@ def w5(num_envs: int = 8) -> Workload:
 def w6(num_envs: int = 1000) -> Workload:
     """Async envs (asyncio.sleep, lognormal mean 50 ms) on the coroutine backend, vs the
     same logic as blocking envs in worker processes."""
-    from aiovec.envs import AsyncLatencyEnv, SyncEnvAdapter
+    from aiovec.async_env import SyncEnvAdapter
+    from aiovec.envs import AsyncLatencyEnv
 
     mean = 0.05
     env_fn = partial(AsyncLatencyEnv, mean_step_time=mean)
