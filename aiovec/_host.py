@@ -322,6 +322,8 @@ def _call_request(command: Call) -> Callable[[Any], Any]:
 
 def _close_quietly(env: gym.Env) -> None:
     try:
-        env.close()
+        result = env.close()
     except Exception:
-        pass
+        return
+    if inspect.iscoroutine(result):  # an async env closed from sync code: cannot await here
+        result.close()

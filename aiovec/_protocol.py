@@ -28,6 +28,16 @@ class Reset(msgspec.Struct, array_like=True, tag=True):
     options: Any = None  # one dict for all envs, or a list with one per env id
     per_env_options: bool = False
 
+    def subset(self, positions: list[int]) -> Reset:
+        """The same reset for the envs at ``positions`` of :attr:`env_ids` only."""
+        options = self.options
+        if self.per_env_options:
+            options = [options[p] for p in positions]
+        seeds = [self.seeds[p] for p in positions]
+        return Reset(
+            self.seq, [self.env_ids[p] for p in positions], seeds, options, self.per_env_options
+        )
+
 
 class Step(msgspec.Struct, array_like=True, tag=True):
     seq: int
@@ -57,12 +67,22 @@ class Call(msgspec.Struct, array_like=True, tag=True):
     kwargs: Any = None
     function: Any = None
 
+    def subset(self, positions: list[int]) -> Call:
+        """The same call for the envs at ``positions`` of :attr:`env_ids` only."""
+        env_ids = [self.env_ids[p] for p in positions]
+        return Call(self.seq, env_ids, self.name, self.args, self.kwargs, self.function)
+
 
 class SetAttr(msgspec.Struct, array_like=True, tag=True):
     seq: int
     env_ids: list[int]
     name: str
     values: Any = None
+
+    def subset(self, positions: list[int]) -> SetAttr:
+        """The same assignment for the envs at ``positions`` of :attr:`env_ids` only."""
+        env_ids = [self.env_ids[p] for p in positions]
+        return SetAttr(self.seq, env_ids, self.name, [self.values[p] for p in positions])
 
 
 class Close(msgspec.Struct, array_like=True, tag=True):

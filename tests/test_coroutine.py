@@ -169,3 +169,43 @@ def test_async_envs_must_be_received_on_the_loop_that_started_them():
     with pytest.raises(RuntimeError, match="same loop"):
         aiovec.run(receive())
     venv.close()
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+def test_async_envs_in_worker_processes_match_the_coroutine_backend(mode):
+    def run(venv):
+        record = [venv.reset(seed=3, options=[{"a": i} for i in range(4)])]
+        for step in range(16):
+            result = venv.step(np.array([step % 2, 1, 0, 1]))
+            record.append(result)
+            if mode is AutoresetMode.DISABLED and (result[2] | result[3]).any():
+                record.append(venv.reset(options={"reset_mask": result[2] | result[3]}))
+        record.append(venv.call("count", env_ids=[3, 0, 2]))
+        venv.set_attr("delay", [0.0, 0.001, 0.0, 0.001])
+        record.append(venv.get_attr("delay"))
+        venv.close()
+        return record
+
+    fns = async_envs(4, episode_length=5)
+    expected = run(aiovec.VecEnv(fns, backend="coroutine", autoreset_mode=mode))
+    actual = run(aiovec.VecEnv(fns, backend="process", num_workers=2, autoreset_mode=mode))
+    for index, (a, e) in enumerate(zip(actual, expected)):
+        assert_same(a, e, f"record[{index}]")
+
+
+async def test_a_worker_overlaps_the_waits_of_its_async_envs():
+    async with aiovec.VecEnv(async_envs(20, delay=0.3), backend="process", num_workers=1) as venv:
+        await venv.areset()
+        started = time.monotonic()
+        _, rewards, *_ = await venv.astep(np.zeros(20, dtype=np.int64))
+        assert time.monotonic() - started < 2.0  # concurrent in the worker, not 20 x 0.3 s
+        assert rewards.tolist() == [1.0] * 20
+    env_fns = [partial(AsyncCounterEnv, 0, delay=0.01), partial(AsyncCounterEnv, 1, delay=0.5)]
+    async with aiovec.VecEnv(env_fns, backend="process", num_workers=1) as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        first = await venv.recv()
+        assert first.env_ids.tolist() == [0]  # the fast env is back while the slow one waits
+        venv.send([1], env_ids=[0])
+        rest = await venv.recv(min_envs=2)
+        assert sorted(rest.env_ids.tolist()) == [0, 1]
