@@ -156,8 +156,8 @@ def w5(num_envs: int = 8) -> Workload:
 
 
 def w6(num_envs: int = 1000) -> Workload:
-    """Async envs (asyncio.sleep, lognormal mean 50 ms) on the coroutine backend, vs the
-    same logic as blocking envs in worker processes."""
+    """Async envs (asyncio.sleep, lognormal mean 50 ms) on the coroutine backend and in
+    worker processes (one loop each), vs the same logic as blocking envs in workers."""
     from aiovec.async_env import SyncEnvAdapter
     from aiovec.envs import AsyncLatencyEnv
 
@@ -169,6 +169,13 @@ def w6(num_envs: int = 1000) -> Workload:
         workers = min(num_envs, 64)
         return [
             AiovecFirstReady(num_envs, {"backend": "coroutine"}, env_fn=env_fn, **common),
+            # the same async envs, driven concurrently by one event loop per worker process
+            AiovecFirstReady(
+                num_envs,
+                {"backend": "process", "num_workers": min(CORES, num_envs)},
+                env_fn=env_fn,
+                **common,
+            ),
             AiovecFirstReady(
                 num_envs,
                 {"backend": "process", "num_workers": workers},
