@@ -24,7 +24,7 @@ from aiovec._spaces import batch_checker, copy_buffer, is_shareable, read_rows, 
 from aiovec.backends._base import Backend
 from aiovec.errors import ClosedError, EnvBusyError, NothingInFlightError
 
-BACKENDS = ("process", "inline", "coroutine")
+BACKENDS = ("process", "inline", "coroutine", "ray")
 
 
 class Batch(NamedTuple):
@@ -54,8 +54,9 @@ class VecEnv(VectorEnv):
             process backend they are sent to the workers with cloudpickle, so lambdas
             and closures work.
         backend: ``"process"`` (envs in worker processes, data in shared memory),
-            ``"inline"`` (envs in this process, no IPC) or ``"coroutine"`` (async envs,
-            :class:`aiovec.AsyncEnv`, as tasks on the event loop).
+            ``"inline"`` (envs in this process, no IPC), ``"coroutine"`` (async envs,
+            :class:`aiovec.AsyncEnv`, as tasks on the event loop) or ``"ray"`` (envs in
+            Ray actors, ``num_workers`` of them; see ``ray_options``).
         num_workers: worker processes for the process backend; default one per CPU core
             (at most one per env). Envs are split into contiguous, even groups.
         copy: return copies of the observation buffers (``True``) or zero-copy views
@@ -79,6 +80,9 @@ class VecEnv(VectorEnv):
             goes on. Counted in :attr:`restart_counts`.
         max_restarts: with ``on_failure="restart"``, how many failures in a row an env
             (or a worker) may have before the error is raised after all.
+        ray_options: Ray backend: ``address`` (for ``ray.init``, used only when Ray is not
+            initialized yet), ``num_cpus`` per actor (default 1), ``init_kwargs``, and any
+            other actor option (``resources``, ``scheduling_strategy``, ...).
         step_timeout: process backend: seconds an env may take to answer a command;
             past that its worker is killed and :class:`aiovec.StepTimeoutError` names
             the late envs (or, with ``"restart"``, the worker is rebuilt).
@@ -107,6 +111,7 @@ class VecEnv(VectorEnv):
         on_failure: str = "raise",
         max_restarts: int = 3,
         step_timeout: float | None = None,
+        ray_options: dict[str, Any] | None = None,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -141,6 +146,12 @@ class VecEnv(VectorEnv):
             from aiovec.backends.coroutine import CoroutineBackend
 
             self._backend = CoroutineBackend(env_fns, self.autoreset_mode, restarts)
+        elif backend == "ray":
+            from aiovec.backends.ray import RayBackend
+
+            self._backend = RayBackend(
+                env_fns, self.autoreset_mode, num_workers, restarts, ray_options
+            )
         else:
             from aiovec.backends.process import ProcessBackend
 
@@ -154,7 +165,9 @@ class VecEnv(VectorEnv):
                 max_restarts=restarts,
             )
         self.backend = backend
-        self.num_workers = len(getattr(self._backend, "_processes", ()))
+        self.num_workers = len(getattr(self._backend, "_processes", ())) or (
+            len(self._backend.groups) if backend == "ray" else 0
+        )
         self.inline_envs = inline_envs if backend == "process" else self.num_envs
         try:
             self._set_spaces(self._backend.descriptions)

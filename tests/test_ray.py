@@ -1,0 +1,100 @@
+"""The Ray backend on a real local Ray cluster (ray.init(num_cpus=2))."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import ray
+from gymnasium.vector import AutoresetMode
+
+import aiovec
+from tests.envs import CounterEnv, SpacesEnv
+from tests.test_parity import assert_same
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def run(venv, mode, steps=25):
+    venv.action_space.seed(4)
+    record = [venv.reset(seed=9)]
+    for _ in range(steps):
+        result = venv.step(venv.action_space.sample())
+        record.append(result)
+        if mode is AutoresetMode.DISABLED and (result[2] | result[3]).any():
+            record.append(venv.reset(options={"reset_mask": result[2] | result[3]}))
+    record.append(venv.call("scale", 2))
+    venv.close()
+    return record
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+def test_same_results_as_the_process_backend(mode):
+    space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (3,)), "k": gym.spaces.Discrete(4)})
+    env_fns = [partial(SpacesEnv, space, gym.spaces.MultiDiscrete([2, 3]))] * 4
+    expected = run(aiovec.VecEnv(env_fns, backend="process", autoreset_mode=mode), mode)
+    actual = run(aiovec.VecEnv(env_fns, backend="ray", num_workers=2, autoreset_mode=mode), mode)
+    for index, (a, e) in enumerate(zip(actual, expected)):
+        assert_same(a, e, f"record[{index}]")
+
+
+async def test_first_ready_across_actors():
+    env_fns = [partial(CounterEnv, i, delay=0.4 if i < 2 else 0.0) for i in range(4)]
+    async with aiovec.VecEnv(env_fns, backend="ray", num_workers=2) as venv:
+        assert venv.num_workers == 2
+        await venv.areset()
+        venv.send(np.zeros(4, dtype=np.int64))
+        first = await venv.recv(min_envs=2)
+        assert sorted(first.env_ids.tolist()) == [2, 3]  # the fast actor answered first
+        rest = await venv.recv(min_envs=2)
+        assert sorted(rest.env_ids.tolist()) == [0, 1]
+
+
+def test_killed_actor_raises_under_raise_policy():
+    venv = aiovec.VecEnv([partial(CounterEnv, i) for i in range(4)], backend="ray", num_workers=2)
+    venv.reset()
+    ray.kill(venv._backend._actors[1], no_restart=True)
+    with pytest.raises(aiovec.WorkerCrashedError, match=r"worker 1 hosting envs \[2, 3\]"):
+        for _ in range(20):
+            venv.step(np.zeros(4, dtype=np.int64))
+            time.sleep(0.05)
+    venv.close()
+
+
+def test_killed_actor_is_rebuilt_under_restart_policy():
+    venv = aiovec.VecEnv(
+        [partial(CounterEnv, i) for i in range(4)],
+        backend="ray",
+        num_workers=2,
+        on_failure="restart",
+    )
+    venv.reset()
+    venv.step(np.zeros(4, dtype=np.int64))
+    ray.kill(venv._backend._actors[1], no_restart=True)
+    truncated_seen = np.zeros(4, dtype=bool)
+    for _ in range(20):
+        _, rewards, _, truncations, infos = venv.step(np.zeros(4, dtype=np.int64))
+        truncated_seen |= truncations
+        if truncated_seen[2:].all():
+            assert infos["restarted"][2:].all()
+            assert "Ray actor died" in infos["restart_reason"][2]
+            break
+        time.sleep(0.05)
+    assert truncated_seen.tolist() == [False, False, True, True]
+    assert venv.restart_counts.tolist() == [0, 0, 1, 1]
+    venv.close()
+
+
+def test_does_not_init_or_shut_down_a_ray_the_user_started():
+    venv = aiovec.make("CartPole-v1", 2, backend="ray")
+    venv.reset()
+    venv.close()
+    assert ray.is_initialized()  # the module's cluster is still up
