@@ -39,7 +39,7 @@ def bench(args: argparse.Namespace) -> int:
         if key.lower() == "memory":
             continue
         for count in counts:
-            selected += workloads.workload(key, count, args.env_id)
+            selected += workloads.workload(key, count, args.env_id, args.ray)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--out", default="bench-results", help="output folder")
     bench_parser.add_argument("--json", default=None, help="also write the JSON results here")
     bench_parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench_parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="add Ray rows to W1 and W3 (aiovec's Ray backend and one-actor-per-env Ray "
+        "stepping; starts a local Ray, which takes a few seconds)",
+    )
     bench_parser.add_argument("--quiet", action="store_true", help="no progress display")
     bench_parser.set_defaults(handler=bench)
 

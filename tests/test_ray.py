@@ -98,3 +98,12 @@ def test_does_not_init_or_shut_down_a_ray_the_user_started():
     venv.reset()
     venv.close()
     assert ray.is_initialized()  # the module's cluster is still up
+
+
+def test_benchmark_rows_for_ray_run():
+    from aiovec.bench import suite, workloads
+
+    result = suite.run_workload(workloads.w3(4, with_ray=True), 0.2, 1, progress=lambda _: None)
+    rates = {entry.name: entry.rate for entry in result.results}
+    assert rates["aiovec ray (first-ready 2, 4 workers)"] > 0
+    assert rates["ray, one actor per env (first-ready 1)"] > 0

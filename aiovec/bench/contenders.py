@@ -155,6 +155,75 @@ class SB3Lockstep(Contender):
         self.env.close()
 
 
+class _StepActor:
+    """One env in one Ray actor, the pattern of Tianshou's and PufferLib's Ray backends."""
+
+    def __init__(self, env_fn: EnvFn) -> None:
+        self.env = env_fn()
+
+    def reset(self, seed: int) -> Any:
+        return self.env.reset(seed=seed)[0]
+
+    def step(self, action: Any) -> Any:
+        observation, reward, terminated, truncated, _ = self.env.step(action)
+        if terminated or truncated:
+            observation, _ = self.env.reset()
+        return observation, reward, terminated, truncated
+
+
+class RayActorPerEnv(Contender):
+    """One Ray actor per env, stepped first-ready with ``ray.wait`` (the baseline that
+    users of other libraries' Ray backends get)."""
+
+    library = "ray"
+    name = "ray, one actor per env (first-ready 1)"
+
+    def start(self) -> None:
+        import ray
+
+        ensure_ray()
+        actor = ray.remote(num_cpus=0)(_StepActor)
+        self.actors = [actor.remote(self.env_fn) for _ in range(self.num_envs)]
+        ray.get([a.reset.remote(i) for i, a in enumerate(self.actors)])
+        self._refs = {a.step.remote(0): i for i, a in enumerate(self.actors)}
+
+    def run(self, seconds: float) -> int:
+        import ray
+
+        refs, steps = self._refs, 0
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                index = refs.pop(ref)
+                ray.get(ref)
+                steps += 1
+                refs[self.actors[index].step.remote(0)] = index
+        return steps
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def ensure_ray() -> None:
+    """Start one local Ray for the whole benchmark run (so no contender owns it)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+
+
+def ray_available() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def sb3_available() -> bool:
     try:
         import stable_baselines3  # noqa: F401
@@ -170,7 +239,16 @@ def lockstep_contenders(
     env_id: str | None = None,
     env_kwargs: dict | None = None,
     copy: bool = True,
-    include: tuple[str, ...] = ("auto", "inline", "process", "hybrid", "sync", "async", "sb3"),
+    include: tuple[str, ...] = (
+        "auto",
+        "inline",
+        "process",
+        "hybrid",
+        "ray",
+        "sync",
+        "async",
+        "sb3",
+    ),  # fmt: skip
     process_options: dict[str, Any] | None = None,
 ) -> list[Contender]:
     """aiovec (auto, inline, process) and the libraries users would otherwise pick."""
@@ -216,6 +294,16 @@ def lockstep_contenders(
                 label,
                 "aiovec",
                 partial(aiovec.VecEnv, fns, backend="process", copy=copy, **options),
+                **common,
+            )
+        )
+    if "ray" in include and ray_available():
+        ensure_ray()
+        contenders.append(
+            GymnasiumLockstep(
+                "aiovec ray",
+                "aiovec",
+                partial(aiovec.VecEnv, fns, backend="ray", copy=copy),
                 **common,
             )
         )

@@ -14,8 +14,11 @@ from aiovec.bench.contenders import (
     AiovecFirstReady,
     Contender,
     EnvFn,
+    RayActorPerEnv,
     SB3Lockstep,
+    ensure_ray,
     lockstep_contenders,
+    ray_available,
     sb3_available,
 )
 
@@ -48,14 +51,18 @@ def _make(env_id: str, **kwargs: Any) -> EnvFn:
     return partial(gym.make, env_id, **kwargs)
 
 
-def w1(num_envs: int, env_id: str = "CartPole-v1") -> Workload:
+LOCKSTEP = ("auto", "inline", "process", "hybrid", "sync", "async", "sb3")
+
+
+def w1(num_envs: int, env_id: str = "CartPole-v1", with_ray: bool = False) -> Workload:
     env_fn = _make(env_id)
+    include = LOCKSTEP + (("ray",) if with_ray else ())
     return Workload(
         key=f"W1-{num_envs}",
         title=f"W1: {env_id}, {num_envs} envs, random actions (lockstep throughput)",
         env_fn=env_fn,
         num_envs=num_envs,
-        contenders=lambda: lockstep_contenders(env_fn, num_envs, env_id=env_id),
+        contenders=lambda: lockstep_contenders(env_fn, num_envs, env_id=env_id, include=include),
     )
 
 
@@ -74,7 +81,14 @@ def w2(num_envs: int) -> Workload:
 
 
 def _latency_workload(
-    key: str, title: str, num_envs: int, mean: float, mode: str, ideal: float, workers: list[int]
+    key: str,
+    title: str,
+    num_envs: int,
+    mean: float,
+    mode: str,
+    ideal: float,
+    workers: list[int],
+    with_ray: bool = False,
 ) -> Workload:
     env_fn = _make(
         "aiovec/VariableLatency-v0", mean_step_time=mean, sigma=1.0, max_step_time=0.05, mode=mode
@@ -99,6 +113,13 @@ def _latency_workload(
         result += lockstep_contenders(env_fn, num_envs, include=("sync", "async"))
         if sb3_available():
             result.append(SB3Lockstep("SubprocVecEnv", **common))
+        if with_ray and ray_available():
+            ensure_ray()
+            # one env per actor, actors taking no CPU reservation: the envs mostly sleep
+            ray_options = {"num_workers": num_envs, "ray_options": {"num_cpus": 0}}
+            result.append(AiovecFirstReady(num_envs // 2, {"backend": "ray", **ray_options},
+                                           **common))  # fmt: skip
+            result.append(RayActorPerEnv(**common))
         return result
 
     return Workload(
@@ -106,7 +127,7 @@ def _latency_workload(
     )
 
 
-def w3(num_envs: int = 16) -> Workload:
+def w3(num_envs: int = 16, with_ray: bool = False) -> Workload:
     mean = 0.002
     return _latency_workload(
         "W3",
@@ -116,6 +137,7 @@ def w3(num_envs: int = 16) -> Workload:
         "sleep",
         ideal=num_envs / mean,
         workers=[num_envs],
+        with_ray=with_ray,
     )
 
 
@@ -195,16 +217,19 @@ def w6(num_envs: int = 1000) -> Workload:
     )
 
 
-def workload(key: str, num_envs: int | None = None, env_id: str | None = None) -> list[Workload]:
-    """The workloads named ``key`` (``W1`` expands to 8 and 64 envs unless given)."""
+def workload(
+    key: str, num_envs: int | None = None, env_id: str | None = None, with_ray: bool = False
+) -> list[Workload]:
+    """The workloads named ``key`` (``W1`` expands to 8 and 64 envs unless given);
+    ``with_ray`` adds the Ray rows to W1 and W3."""
     key = key.upper()
     if key == "W1":
         counts = [num_envs] if num_envs else [8, 64]
-        return [w1(n, env_id or "CartPole-v1") for n in counts]
+        return [w1(n, env_id or "CartPole-v1", with_ray) for n in counts]
     if key == "W2":
         return [w2(n) for n in ([num_envs] if num_envs else [1, 8])]
     if key == "W3":
-        return [w3(num_envs or 16)]
+        return [w3(num_envs or 16, with_ray)]
     if key == "W4":
         return [w4(num_envs or 8)]
     if key == "W5":
