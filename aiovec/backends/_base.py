@@ -8,11 +8,16 @@ nothing about batching, autoreset or the ready-queue: that is the scheduler's jo
 from __future__ import annotations
 
 import abc
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
 
-from aiovec._buffers import Buffers
+from aiovec._buffers import Buffers, build_buffers
+from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
 from aiovec._protocol import Command, Reply
 
 
@@ -24,6 +29,27 @@ class WorkerExit(NamedTuple):
 
 
 Message = tuple[int, "Reply | WorkerExit"]  # (worker index, what it said)
+
+
+class Wakeup:
+    """What a backend's ``wait`` awaits: woken by a message, or by the timeout."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future | None = None
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
+        self._future = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, self.wake)
+        try:
+            await self._future
+        finally:
+            self._future = None
+            if timer is not None:
+                timer.cancel()
+
+    def wake(self) -> None:
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
 
 
 class Backend(abc.ABC):
@@ -80,3 +106,30 @@ class Backend(abc.ABC):
 
         Idempotent; must succeed even after workers crashed.
         """
+
+
+class LocalBackend(Backend):
+    """Base of the backends whose envs live in this process, in one ``EnvHost``."""
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        autoreset_mode: AutoresetMode,
+        max_restarts: int = 0,
+    ) -> None:
+        factories = dict(enumerate(env_fns))
+        try:
+            envs = build_envs(factories)
+        except EnvBuildError as exc:
+            raise exc.info.to_exception() from None
+        self.descriptions = [describe(env) for env in envs.values()]
+        self._host = EnvHost(
+            envs, autoreset_mode, None, env_fns=factories, max_restarts=max_restarts
+        )
+
+    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
+        self.buffers = build_buffers(
+            observation_space, action_space, len(self.descriptions), np.zeros
+        )
+        self._host.attach(self.buffers)
+        return self.buffers

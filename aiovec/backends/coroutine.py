@@ -15,19 +15,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec._buffers import Buffers, build_buffers
-from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
 from aiovec._loop import new_event_loop
 from aiovec._protocol import Command
 from aiovec.async_env import AsyncEnv
-from aiovec.backends._base import Backend, Message, WorkerExit
+from aiovec.backends._base import LocalBackend, Message, Wakeup, WorkerExit
 
 
-class CoroutineBackend(Backend):
+class CoroutineBackend(LocalBackend):
     """Hosts async envs as tasks; env ``i`` is worker ``i``."""
 
     can_restart = True
@@ -38,29 +34,14 @@ class CoroutineBackend(Backend):
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
     ) -> None:
-        factories = dict(enumerate(env_fns))
-        try:
-            envs = build_envs(factories)
-        except EnvBuildError as exc:
-            raise exc.info.to_exception() from None
-        self.groups = [[env_id] for env_id in envs]
-        self.descriptions = [describe(env) for env in envs.values()]
-        self._host = EnvHost(
-            envs, autoreset_mode, None, env_fns=factories, max_restarts=max_restarts
-        )
-        self._queues: list[deque[Command]] = [deque() for _ in envs]
+        super().__init__(env_fns, autoreset_mode, max_restarts)
+        self.groups = [[env_id] for env_id in range(len(self.descriptions))]
+        self._queues: list[deque[Command]] = [deque() for _ in self.groups]
         self._runners: dict[int, asyncio.Task] = {}
         self._inbox: list[Message] = []
-        self._waiter: asyncio.Future | None = None
+        self._wakeup = Wakeup()
         self._private_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # where the runners live
-
-    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
-        self.buffers = build_buffers(
-            observation_space, action_space, len(self.descriptions), np.zeros
-        )
-        self._host.attach(self.buffers)
-        return self.buffers
 
     # --- commands -------------------------------------------------------------------------
 
@@ -105,11 +86,7 @@ class CoroutineBackend(Backend):
 
     def _deliver(self, message: Message) -> None:
         self._inbox.append(message)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wakeup.wake()
 
     def poll(self) -> list[Message]:
         messages, self._inbox = self._inbox, []
@@ -123,14 +100,7 @@ class CoroutineBackend(Backend):
                     "the async envs were started on another event loop (send() and recv() "
                     "must run on the same loop; the synchronous API uses a private one)"
                 )
-            self._waiter = loop.create_future()
-            timer = None if timeout is None else loop.call_later(timeout, self._wake)
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
+            await self._wakeup.wait(loop, timeout)
         return self.poll()
 
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:

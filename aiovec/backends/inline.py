@@ -10,17 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import gymnasium as gym
-import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec._buffers import Buffers, build_buffers
-from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
 from aiovec._protocol import Command
-from aiovec.backends._base import Backend, Message
+from aiovec.backends._base import LocalBackend, Message
 
 
-class InlineBackend(Backend):
+class InlineBackend(LocalBackend):
     """All envs in one group, stepped by the calling thread."""
 
     completes_inline = True
@@ -31,24 +27,9 @@ class InlineBackend(Backend):
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
     ) -> None:
-        factories = dict(enumerate(env_fns))
-        try:
-            envs = build_envs(factories)
-        except EnvBuildError as exc:
-            raise exc.info.to_exception() from None
-        self.groups = [list(envs)]
-        self.descriptions = [describe(env) for env in envs.values()]
-        self._host = EnvHost(
-            envs, autoreset_mode, None, env_fns=factories, max_restarts=max_restarts
-        )
+        super().__init__(env_fns, autoreset_mode, max_restarts)
+        self.groups = [list(range(len(self.descriptions)))]
         self._outbox: list[Message] = []
-
-    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
-        self.buffers = build_buffers(
-            observation_space, action_space, len(self.descriptions), np.zeros
-        )
-        self._host.attach(self.buffers)
-        return self.buffers
 
     def submit(self, worker: int, command: Command) -> None:
         self._outbox.append((worker, self._host.execute(command)))

@@ -42,7 +42,7 @@ from aiovec._protocol import (
     to_wire,
 )
 from aiovec._worker import worker_main
-from aiovec.backends._base import Backend, Message, WorkerExit
+from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit
 from aiovec.errors import FactoryPicklingError, WorkerCrashedError
 
 STARTUP_HINT = (
@@ -137,7 +137,7 @@ class ProcessBackend(Backend):
         self._region: SharedRegion | None = None
         self._inbox: list[Message] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiter: asyncio.Future | None = None
+        self._wakeup = Wakeup()
         self._poller: select.poll | None = None  # for wait_blocking, built on first use
         self._worker_of_fd: dict[int, int] = {}
         try:
@@ -279,14 +279,7 @@ class ProcessBackend(Backend):
         if self._loop is not loop:
             self._bind(loop)
         if not self._inbox:
-            self._waiter = loop.create_future()
-            timer = None if timeout is None else loop.call_later(timeout, self._wake)
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
+            await self._wakeup.wait(loop, timeout)
         messages, self._inbox = self._inbox, []
         return messages
 
@@ -327,7 +320,7 @@ class ProcessBackend(Backend):
 
     def _on_readable(self, worker: int) -> None:
         self._drain(worker, self._connections[worker])
-        self._wake()
+        self._wakeup.wake()
 
     def _on_exit(self, worker: int) -> None:
         if worker in self._dead:
@@ -341,11 +334,7 @@ class ProcessBackend(Backend):
         process = self._processes[worker]
         process.join(1.0)
         self._inbox.append((worker, WorkerExit(process.exitcode)))
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wakeup.wake()
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Watch every live worker from ``loop`` (and stop watching from the previous one)."""

@@ -115,15 +115,13 @@ class AiovecFirstReady(Contender):
         self._loop.close()
 
 
-class SB3Lockstep(Contender):
+class SB3Lockstep(GymnasiumLockstep):
     """Stable-Baselines3's ``DummyVecEnv`` / ``SubprocVecEnv``."""
 
-    library = "sb3"
-
     def __init__(self, kind: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        Contender.__init__(self, **kwargs)
         self.kind = kind
-        self.name = f"sb3 {kind}"
+        self.name, self.library = f"sb3 {kind}", "sb3"
 
     def start(self) -> None:
         from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
@@ -142,17 +140,6 @@ class SB3Lockstep(Contender):
         self._actions = [
             np.stack([space.sample() for _ in range(self.num_envs)]) for _ in range(16)
         ]
-
-    def run(self, seconds: float) -> int:
-        env, actions, steps = self.env, self._actions, 0
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            env.step(actions[steps % len(actions)])
-            steps += 1
-        return steps * self.num_envs
-
-    def close(self) -> None:
-        self.env.close()
 
 
 class _StepActor:
