@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import random
 import time
 from functools import partial
 
@@ -13,6 +11,7 @@ from gymnasium.error import NoAsyncCallError
 
 import aiovec
 from tests.envs import CounterEnv, SpacesEnv
+from tests.helpers import assert_cancelled_recv_loses_nothing, random_traffic
 
 
 def counter_envs(count: int, **kwargs) -> list:
@@ -57,58 +56,26 @@ async def test_first_ready_returns_fast_envs_first():
 )
 async def test_every_action_gets_exactly_one_result(backend, num_workers):
     """Thousands of random send/recv rounds: nothing lost, duplicated or mixed up."""
-    num_envs = 6
-    rng = random.Random(num_workers)
     options = {"num_workers": num_workers} if backend == "process" else {}
-    async with aiovec.VecEnv(counter_envs(num_envs), backend=backend, **options) as venv:
+    async with aiovec.VecEnv(counter_envs(6), backend=backend, **options) as venv:
         await venv.areset()
-        idle = set(range(num_envs))
-        steps_sent = [0] * num_envs
-        steps_received = [0] * num_envs
-        for _ in range(2000 if backend == "process" else 4000):
-            if idle and (rng.random() < 0.6 or len(idle) == num_envs):
-                chosen = rng.sample(sorted(idle), rng.randint(1, len(idle)))
-                actions = np.array([steps_sent[i] % 2 for i in chosen])
-                venv.send(actions, env_ids=chosen)
-                for env_id in chosen:
-                    steps_sent[env_id] += 1
-                idle -= set(chosen)
-            else:
-                batch = await venv.recv(max_envs=rng.randint(1, num_envs))
-                assert len(batch.env_ids) >= 1 and len(set(batch.env_ids.tolist())) == len(
-                    batch.env_ids
-                )
-                for row, env_id in enumerate(batch.env_ids.tolist()):
-                    assert env_id not in idle, f"env {env_id} returned a result twice"
-                    steps_received[env_id] += 1
-                    # the result belongs to this env and to the latest action sent to it
-                    assert batch.observations[row].tolist() == [env_id, steps_received[env_id]]
-                    assert batch.rewards[row] == steps_received[env_id]
-                    assert batch.infos["action"][row] == (steps_received[env_id] - 1) % 2
-                    idle.add(env_id)
-        while len(idle) < num_envs:
-            batch = await venv.recv()
-            for env_id in batch.env_ids.tolist():
-                steps_received[env_id] += 1
-                idle.add(env_id)
-        assert steps_received == steps_sent
+
+        def check(batch, row, env_id, count):
+            # the result belongs to this env and to the latest action sent to it
+            assert batch.observations[row].tolist() == [env_id, count]
+            assert batch.rewards[row] == count
+            assert batch.infos["action"][row] == (count - 1) % 2
+
+        rounds = 2000 if backend == "process" else 4000
+        sent, received = await random_traffic(venv, rounds, seed=num_workers or 0, check=check)
+        assert received == sent
         assert venv.recv_nowait() is None
 
 
 async def test_recv_timeout_and_cancellation_lose_nothing():
     async with aiovec.VecEnv(counter_envs(2, delay=0.3), num_workers=2) as venv:
         await venv.areset()
-        venv.send([0, 1])
-        with pytest.raises(TimeoutError):
-            await venv.recv(timeout=0.01)
-        task = asyncio.ensure_future(venv.recv(min_envs=2))
-        await asyncio.sleep(0.05)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        batch = await venv.recv(min_envs=2)
-        assert sorted(batch.env_ids.tolist()) == [0, 1]
-        assert batch.infos["action"].tolist() == [0, 1] if batch.env_ids[0] == 0 else [1, 0]
+        await assert_cancelled_recv_loses_nothing(venv)
 
 
 async def test_recv_with_nothing_in_flight_raises_at_once(backend):

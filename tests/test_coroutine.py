@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import random
 import time
 from functools import partial
 
@@ -13,6 +11,7 @@ from gymnasium.vector import AutoresetMode
 
 import aiovec
 from tests.async_envs import AsyncCounterEnv
+from tests.helpers import assert_cancelled_recv_loses_nothing, random_traffic
 from tests.test_parity import assert_same
 
 
@@ -68,27 +67,13 @@ def test_same_results_as_the_process_backend_running_the_same_logic(mode):
 
 
 async def test_every_action_gets_exactly_one_result():
-    rng = random.Random(1)
     async with aiovec.VecEnv(async_envs(8, mean_delay=0.002), backend="coroutine") as venv:
         await venv.areset(seed=0)
-        idle, sent, received = set(range(8)), [0] * 8, [0] * 8
-        for _ in range(1500):
-            if idle and rng.random() < 0.5:
-                chosen = rng.sample(sorted(idle), rng.randint(1, len(idle)))
-                venv.send(np.ones(len(chosen), dtype=np.int64), chosen)
-                for env_id in chosen:
-                    sent[env_id] += 1
-                idle -= set(chosen)
-            elif len(idle) < 8:
-                batch = await venv.recv(max_envs=rng.randint(1, 8))
-                for env_id in batch.env_ids.tolist():
-                    assert env_id not in idle
-                    received[env_id] += 1
-                    idle.add(env_id)
-        while len(idle) < 8:
-            for env_id in (await venv.recv()).env_ids.tolist():
-                received[env_id] += 1
-                idle.add(env_id)
+
+        def check(batch, row, env_id, count):
+            assert batch.observations[row][0] == env_id  # results reach the right env
+
+        sent, received = await random_traffic(venv, 1500, seed=1, check=check)
         assert sent == received
 
 
@@ -135,14 +120,7 @@ async def test_restart_policy_rebuilds_a_failing_async_env():
 async def test_cancelling_recv_loses_nothing():
     async with aiovec.VecEnv(async_envs(2, delay=0.2), backend="coroutine") as venv:
         await venv.areset()
-        venv.send([0, 1])
-        task = asyncio.ensure_future(venv.recv(min_envs=2))
-        await asyncio.sleep(0.05)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        batch = await venv.recv(min_envs=2)
-        assert sorted(batch.env_ids.tolist()) == [0, 1]
+        await assert_cancelled_recv_loses_nothing(venv)
 
 
 def test_sync_api_and_close():

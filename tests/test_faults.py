@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import random
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from functools import partial
 
@@ -18,6 +13,7 @@ import aiovec
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv
 from tests.faulty import BadObservationEnv, FailingConstructorEnv, FaultyEnv
+from tests.helpers import random_traffic, start_agent
 
 CRASHES = {
     "exit": r"exit code 7",
@@ -177,10 +173,9 @@ def test_failing_constructor_names_the_env_and_leaves_no_process(backend, no_lea
 
 
 def test_ctrl_c_during_a_step_closes_the_workers(tmp_path):
-    script = tmp_path / "agent.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    agent, pids = start_agent(
+        tmp_path,
+        """
             import sys
             from functools import partial
             import aiovec
@@ -194,17 +189,9 @@ def test_ctrl_c_during_a_step_closes_the_workers(tmp_path):
                     venv.step([0, 0])
                 except KeyboardInterrupt:
                     print("interrupted closed=%s" % venv.closed, flush=True)
-            """
-        )
-    )
-    agent = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        """,
     )
     try:
-        pids = [int(pid) for pid in agent.stdout.readline().split()]
         time.sleep(0.3)  # inside step() now
         agent.send_signal(signal.SIGINT)
         assert agent.stdout.readline().strip() == "interrupted closed=True"
@@ -224,33 +211,14 @@ async def test_soak_random_crashes_under_restart_policy(no_leaks):
     env_fns = [
         partial(FaultyEnv, i, "exit" if i % 2 else "raise", rate=0.004) for i in range(num_envs)
     ]
-    rng = random.Random(0)
     async with aiovec.VecEnv(env_fns, num_workers=3, on_failure="restart", max_restarts=10) as venv:
         await venv.areset()
         processes = len(descendant_pids())
-        idle, sent, received = set(range(num_envs)), [0] * num_envs, [0] * num_envs
-        deadline = time.monotonic() + 20
-        rounds = 0
-        while rounds < 3000 and time.monotonic() < deadline:
-            rounds += 1
-            if idle and rng.random() < 0.6:
-                chosen = rng.sample(sorted(idle), rng.randint(1, len(idle)))
-                venv.send(np.zeros(len(chosen), dtype=np.int64), env_ids=chosen)
-                for env_id in chosen:
-                    sent[env_id] += 1
-                idle -= set(chosen)
-            elif len(idle) < num_envs:
-                batch = await venv.recv(max_envs=rng.randint(1, num_envs))
-                for row, env_id in enumerate(batch.env_ids.tolist()):
-                    assert env_id not in idle
-                    assert batch.observations[row][0] == env_id
-                    received[env_id] += 1
-                    idle.add(env_id)
-        while len(idle) < num_envs:
-            batch = await venv.recv()
-            for env_id in batch.env_ids.tolist():
-                received[env_id] += 1
-                idle.add(env_id)
+
+        def check(batch, row, env_id, count):
+            assert batch.observations[row][0] == env_id
+
+        sent, received = await random_traffic(venv, 3000, seed=0, check=check, seconds=20)
         assert received == sent
         assert venv.restart_counts.sum() > 0
         assert len(descendant_pids()) == processes

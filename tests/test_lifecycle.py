@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from functools import partial
@@ -18,6 +15,7 @@ import pytest
 import aiovec
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv, SpacesEnv
+from tests.helpers import start_agent
 
 
 class RaisingEnv(CounterEnv):
@@ -183,10 +181,10 @@ def test_worker_crash_is_reported_with_exit_code():
 
 
 def test_workers_die_when_the_parent_is_killed(tmp_path):
-    script = tmp_path / "agent.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    before = set(os.listdir("/dev/shm"))
+    agent, pids = start_agent(
+        tmp_path,
+        """
             import sys, time
             import aiovec
 
@@ -196,18 +194,9 @@ def test_workers_die_when_the_parent_is_killed(tmp_path):
                 pids = [p.pid for p in venv._backend._processes]
                 print(" ".join(map(str, pids)), flush=True)
                 time.sleep(60)
-            """
-        )
-    )
-    before = set(os.listdir("/dev/shm"))
-    agent = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        """,
     )
     try:
-        pids = [int(pid) for pid in agent.stdout.readline().split()]
         assert len(pids) == 2 and all(pid_alive(pid) for pid in pids)
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)

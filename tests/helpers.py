@@ -1,0 +1,87 @@
+"""Drivers shared by several test modules."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aiovec
+
+
+async def random_traffic(
+    venv: aiovec.VecEnv,
+    rounds: int,
+    seed: int,
+    check: Callable[[aiovec.Batch, int, int, int], None] | None = None,
+    seconds: float | None = None,
+) -> tuple[list[int], list[int]]:
+    """Random first-ready traffic: send to random idle envs (action = how many actions
+    that env was sent before, mod 2), recv random batch sizes; then drain. Calls
+    ``check(batch, row, env_id, results_so_far)`` on each result and returns the
+    per-env counts ``(sent, received)``. Fails if an env answers twice."""
+    num_envs = venv.num_envs
+    rng = random.Random(seed)
+    idle, sent, received = set(range(num_envs)), [0] * num_envs, [0] * num_envs
+    deadline = None if seconds is None else time.monotonic() + seconds
+
+    def account(batch: aiovec.Batch) -> None:
+        assert len(set(batch.env_ids.tolist())) == len(batch.env_ids) >= 1
+        for row, env_id in enumerate(batch.env_ids.tolist()):
+            assert env_id not in idle, f"env {env_id} returned a result twice"
+            received[env_id] += 1
+            if check is not None:
+                check(batch, row, env_id, received[env_id])
+            idle.add(env_id)
+
+    for _ in range(rounds):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        if idle and (rng.random() < 0.6 or len(idle) == num_envs):
+            chosen = rng.sample(sorted(idle), rng.randint(1, len(idle)))
+            venv.send(np.array([sent[i] % 2 for i in chosen]), env_ids=chosen)
+            for env_id in chosen:
+                sent[env_id] += 1
+            idle -= set(chosen)
+        else:
+            account(await venv.recv(max_envs=rng.randint(1, num_envs)))
+    while len(idle) < num_envs:
+        account(await venv.recv())
+    return sent, received
+
+
+async def assert_cancelled_recv_loses_nothing(venv: aiovec.VecEnv) -> None:
+    """With two slow envs in flight: a timed-out and a cancelled recv lose no result."""
+    venv.send([0, 1])
+    with pytest.raises(TimeoutError):
+        await venv.recv(timeout=0.01)
+    task = asyncio.ensure_future(venv.recv(min_envs=2))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    batch = await venv.recv(min_envs=2)
+    assert sorted(batch.env_ids.tolist()) == [0, 1]
+
+
+def start_agent(tmp_path: Path, source: str) -> tuple[subprocess.Popen, list[int]]:
+    """Run ``source`` as a script that prints its worker pids on its first line; return
+    the process and those pids."""
+    script = tmp_path / "agent.py"
+    script.write_text(textwrap.dedent(source))
+    agent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    return agent, [int(pid) for pid in agent.stdout.readline().split()]
