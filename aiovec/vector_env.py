@@ -728,12 +728,12 @@ class VecEnv(VectorEnv):
         busy = [i for i in env_ids if state[i] != IDLE]
         if busy:
             in_flight = [i for i in busy if state[i] == BUSY]
-            unread = [i for i in busy if i not in in_flight]
+            unread = [i for i in busy if state[i] != BUSY]
             detail = []
             if in_flight:
-                detail.append(f"envs {in_flight} still have an action in flight")
+                detail.append(f"envs {_brief(in_flight)} still have an action in flight")
             if unread:
-                detail.append(f"envs {unread} have a result not yet taken by recv()")
+                detail.append(f"envs {_brief(unread)} have a result not yet taken by recv()")
             raise EnvBusyError(
                 f"cannot {operation} these envs: {'; '.join(detail)}. "
                 "Await recv() to collect their results first."
@@ -755,10 +755,19 @@ class VecEnv(VectorEnv):
         if not ids:
             raise ValueError("env_ids is empty: send at least one env id")
         if min(ids) < 0 or max(ids) >= self.num_envs:
-            raise ValueError(f"env_ids {ids} contains ids outside 0..{self.num_envs - 1}")
+            outside = [i for i in ids if not 0 <= i < self.num_envs]
+            raise ValueError(f"env_ids {_brief(outside)} are outside 0..{self.num_envs - 1}")
         if len(set(ids)) != len(ids):
-            raise ValueError(f"env_ids {ids} contains duplicates")
+            duplicates = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"env_ids contain duplicates: {_brief(duplicates)}")
         return ids, ids
+
+
+def _brief(env_ids: list[int], shown: int = 10) -> str:
+    """``env_ids`` for a message: all of them, or the first few and how many in all."""
+    if len(env_ids) <= shown:
+        return str(env_ids)
+    return f"[{', '.join(map(str, env_ids[:shown]))}, ... ({len(env_ids)} in all)]"
 
 
 def _reset_mask_ids(reset_mask: Any, num_envs: int) -> list[int]:

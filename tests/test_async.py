@@ -234,3 +234,12 @@ async def test_a_worker_streams_first_ready_results_env_by_env():
         rest = await venv.recv(min_envs=2)
         assert sorted(rest.env_ids.tolist()) == [0, 1]
         assert dict(zip(rest.env_ids.tolist(), rest.rewards.tolist())) == {0: 2.0, 1: 1.0}
+
+
+def test_busy_error_message_stays_short():
+    with aiovec.VecEnv([CounterEnv] * 50, backend="inline") as venv:
+        venv.reset()
+        venv.send(np.zeros(50, dtype=np.int64))
+        with pytest.raises(aiovec.EnvBusyError, match=r"\(50 in all\)") as caught:
+            venv.send(np.zeros(50, dtype=np.int64))
+        assert len(str(caught.value)) < 300
