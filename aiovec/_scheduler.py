@@ -38,11 +38,17 @@ class Ticket:
     )  # fmt: skip
 
     def __init__(
-        self, worker: int, env_ids: list[int], rows: Any, is_step: bool, command: Command
+        self,
+        worker: int,
+        env_ids: list[int],
+        rows: Any,
+        is_step: bool,
+        command: Command,
+        sent_at: float,
     ) -> None:
         self.worker = worker
         self.command = command  # kept to send again to a restarted worker
-        self.sent_at = time.monotonic()
+        self.sent_at = sent_at
         self.env_ids = env_ids
         self.rows = rows  # env_ids as an index into per-env arrays (a slice when contiguous)
         self.is_step = is_step
@@ -123,10 +129,11 @@ class Scheduler:
     ) -> list[Ticket]:
         """Send one command per worker; ``make_command(seq, env_ids_of_that_worker)``."""
         tickets = []
+        now = time.monotonic()
         for worker, group, rows in self.split(env_ids):
             seq = next(self._sequence)
             command = make_command(seq, group)
-            ticket = Ticket(worker, group, rows, is_step, command)
+            ticket = Ticket(worker, group, rows, is_step, command, now)
             self.backend.submit(worker, command)
             self._tickets[seq] = ticket
             self._mark(rows, BUSY)

@@ -38,6 +38,8 @@ class CoroutineBackend(LocalBackend):
         self.groups = [[env_id] for env_id in range(len(self.descriptions))]
         self._queues: list[deque[Command]] = [deque() for _ in self.groups]
         self._runners: dict[int, asyncio.Task] = {}
+        self._parked: dict[int, asyncio.Future] = {}  # idle runners wait on these
+        self._killed: set[int] = set()
         self._inbox: list[Message] = []
         self._wakeup = Wakeup()
         self._private_loop: asyncio.AbstractEventLoop | None = None
@@ -48,24 +50,38 @@ class CoroutineBackend(LocalBackend):
     def submit(self, worker: int, command: Command) -> None:
         loop = self._current_loop()
         self._queues[worker].append(command)
-        if worker not in self._runners:
+        parked = self._parked.pop(worker, None)
+        if parked is not None:
+            parked.set_result(None)  # wake the env's idle runner
+        elif worker not in self._runners:
             self._runners[worker] = loop.create_task(self._run(worker))
 
     async def _run(self, worker: int) -> None:
-        """Execute ``worker``'s commands in order, one reply each."""
+        """Execute ``worker``'s commands in order, one reply each; then park until the
+        next command (a parked runner is cheaper to wake than a new task to start)."""
         queue = self._queues[worker]
+        loop = asyncio.get_running_loop()
         try:
-            while queue:
-                reply = await self._host.execute_async(queue[0])
-                queue.popleft()
-                self._deliver((worker, reply))
+            while True:
+                while queue:
+                    reply = await self._host.execute_async(queue[0])
+                    queue.popleft()
+                    self._deliver((worker, reply))
+                parked = self._parked[worker] = loop.create_future()
+                await parked
         except asyncio.CancelledError:
+            self._parked.pop(worker, None)
             queue.clear()
-            self._deliver((worker, WorkerExit(None, "its step was cancelled")))
+            if worker in self._killed:  # not a loop shutting down: report the lost step
+                self._killed.discard(worker)
+                self._deliver((worker, WorkerExit(None, "its step was cancelled")))
             raise
         finally:
             if self._runners.get(worker) is asyncio.current_task():
                 del self._runners[worker]
+
+    def _busy(self) -> bool:
+        return any(self._queues[worker] for worker in self._runners)
 
     def _current_loop(self) -> asyncio.AbstractEventLoop:
         try:
@@ -74,11 +90,16 @@ class CoroutineBackend(LocalBackend):
             if self._private_loop is None:
                 self._private_loop = new_event_loop()
             loop = self._private_loop
-        if self._runners and loop is not self._loop:
-            raise RuntimeError(
-                "this vector env's async envs are busy on another event loop; "
-                "collect their results (recv) on that loop first"
-            )
+        if loop is not self._loop and self._runners:
+            if self._busy():
+                raise RuntimeError(
+                    "this vector env's async envs are busy on another event loop; "
+                    "collect their results (recv) on that loop first"
+                )
+            for runner in self._runners.values():  # idle on the old loop: retire them
+                runner.cancel()
+            self._runners.clear()
+            self._parked.clear()
         self._loop = loop
         return loop
 
@@ -95,7 +116,7 @@ class CoroutineBackend(LocalBackend):
     async def wait(self, timeout: float | None = None) -> list[Message]:
         if not self._inbox:
             loop = asyncio.get_running_loop()
-            if self._runners and loop is not self._loop:
+            if loop is not self._loop and self._busy():
                 raise RuntimeError(
                     "the async envs were started on another event loop (send() and recv() "
                     "must run on the same loop; the synchronous API uses a private one)"
@@ -113,7 +134,8 @@ class CoroutineBackend(LocalBackend):
 
     def kill(self, worker: int) -> None:
         runner = self._runners.get(worker)
-        if runner is not None:
+        if runner is not None and self._queues[worker]:
+            self._killed.add(worker)
             runner.cancel()
 
     def restart(self, worker: int, reason: str) -> None:
