@@ -58,7 +58,8 @@ class CoroutineBackend(LocalBackend):
 
     async def _run(self, worker: int) -> None:
         """Execute ``worker``'s commands in order, one reply each; then park until the
-        next command (a parked runner is cheaper to wake than a new task to start)."""
+        next command (a parked runner is cheaper to wake than a new task to start).
+        Loops that shut down cancel parked runners, which then leave quietly."""
         queue = self._queues[worker]
         loop = asyncio.get_running_loop()
         try:
@@ -67,6 +68,8 @@ class CoroutineBackend(LocalBackend):
                     reply = await self._host.execute_async(queue[0])
                     queue.popleft()
                     self._deliver((worker, reply))
+                if loop is self._private_loop:
+                    return  # the sync API's loop only runs during calls: park nowhere
                 parked = self._parked[worker] = loop.create_future()
                 await parked
         except asyncio.CancelledError:
