@@ -7,7 +7,6 @@ from typing import Any
 
 import gymnasium as gym
 
-from aiovec._auto import choose_backend
 from aiovec.vector_env import VecEnv
 
 
@@ -90,15 +89,6 @@ def make(
         )
     per_env_kwargs = _per_env_kwargs(env_kwargs, num_envs)
     factories = [EnvFactory(make_env, args, kwargs, wrappers) for kwargs in per_env_kwargs]
-    factory = factories[0]
-    if backend == "auto":
-        chosen = choose_backend(factory, num_envs)
-        backend = chosen.pop("backend")
-        if backend in ("inline", "coroutine"):  # worker options mean nothing in-process
-            options.pop("num_workers", None)
-            options.pop("inline_envs", None)
-        elif "num_workers" not in options:  # a worker count the user gave wins
-            options = {**chosen, **options}
     venv = VecEnv(factories, backend=backend, **options)
     venv.spec = spec
     return venv

@@ -16,6 +16,7 @@ from gymnasium.error import NoAsyncCallError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from aiovec._auto import choose_backend
 from aiovec._infos import add_info, batch_infos
 from aiovec._loop import ensure_no_running_loop
 from aiovec._protocol import Call, Reset, SetAttr, Step
@@ -53,7 +54,8 @@ class VecEnv(VectorEnv):
         env_fns: one callable per env, each returning a new ``gymnasium.Env``. For the
             process backend they are sent to the workers with cloudpickle, so lambdas
             and closures work.
-        backend: ``"process"`` (envs in worker processes, data in shared memory),
+        backend: ``"auto"`` (probe one env for a few milliseconds and choose, see
+            :func:`aiovec.make`), ``"process"`` (envs in worker processes, data in shared memory),
             ``"inline"`` (envs in this process, no IPC), ``"coroutine"`` (async envs,
             :class:`aiovec.AsyncEnv`, as tasks on the event loop) or ``"ray"`` (envs in
             Ray actors, ``num_workers`` of them; see ``ray_options``).
@@ -122,8 +124,14 @@ class VecEnv(VectorEnv):
                     f"env_fns[{index}] is {env_fn!r}, not a callable; pass factories such as "
                     "`lambda: gymnasium.make('CartPole-v1')` or use aiovec.make()"
                 )
+        if backend == "auto":
+            chosen = choose_backend(env_fns[0], len(env_fns))
+            backend = chosen.pop("backend")
+            if backend in ("process", "ray") and num_workers is None:  # the user's count wins
+                num_workers = chosen.get("num_workers")
+                inline_envs = chosen.get("inline_envs", inline_envs)
         if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+            raise ValueError(f"backend must be one of {(*BACKENDS, 'auto')}, got {backend!r}")
         if on_failure not in ("raise", "restart"):
             raise ValueError(f"on_failure must be 'raise' or 'restart', got {on_failure!r}")
         if step_timeout is not None and (backend == "inline" or step_timeout <= 0):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 import aiovec
+from aiovec.envs import VariableLatencyEnv
 from tests.envs import CounterEnv
 
 
@@ -59,3 +61,13 @@ def test_auto_backend_follows_the_cost_of_a_step():
             assert venv.backend == "process"
             assert venv.num_workers == min(8, cores) - 1
             assert venv.inline_envs == 8 // min(8, cores)
+
+
+def test_vec_env_accepts_auto_and_a_given_worker_count_wins():
+    env_fn = partial(VariableLatencyEnv, mean_step_time=0.005, sigma=0.1)
+    with aiovec.VecEnv([env_fn] * 3, backend="auto") as venv:
+        assert (venv.backend, venv.num_workers) == ("process", 3)  # waiting envs
+    with aiovec.VecEnv([env_fn] * 3, backend="auto", num_workers=1) as venv:
+        assert (venv.backend, venv.num_workers) == ("process", 1)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        aiovec.VecEnv([env_fn], backend="threads")
