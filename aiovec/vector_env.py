@@ -311,6 +311,7 @@ class VecEnv(VectorEnv):
                 other results stay queued for the next ``recv``.
         """
         self._check_open("recv")
+        _check_max_envs(max_envs)
         scheduler = self._scheduler
         outstanding = scheduler.num_busy + len(scheduler.ready_queue)
         if outstanding == 0:
@@ -329,6 +330,7 @@ class VecEnv(VectorEnv):
     def recv_nowait(self, max_envs: int | None = None) -> Batch | None:
         """The results that are ready now (at most ``max_envs``), or ``None`` if none is."""
         self._check_open("recv")
+        _check_max_envs(max_envs)
         self._scheduler.dispatch(self._backend.poll())
         if not self._scheduler.ready_queue:
             return None
@@ -769,6 +771,11 @@ class VecEnv(VectorEnv):
             duplicates = sorted({i for i in ids if ids.count(i) > 1})
             raise ValueError(f"env_ids contain duplicates: {_brief(duplicates)}")
         return ids, ids
+
+
+def _check_max_envs(max_envs: int | None) -> None:
+    if max_envs is not None and (isinstance(max_envs, bool) or not max_envs >= 1):
+        raise ValueError(f"max_envs must be a positive number of envs (or None), got {max_envs!r}")
 
 
 def _brief(env_ids: list[int], shown: int = 10) -> str:

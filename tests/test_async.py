@@ -243,3 +243,15 @@ def test_busy_error_message_stays_short():
         with pytest.raises(aiovec.EnvBusyError, match=r"\(50 in all\)") as caught:
             venv.send(np.zeros(50, dtype=np.int64))
         assert len(str(caught.value)) < 300
+
+
+@pytest.mark.parametrize("max_envs", [0, -1])
+async def test_recv_rejects_a_batch_size_below_one(max_envs):
+    async with aiovec.VecEnv(counter_envs(2), backend="inline") as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        with pytest.raises(ValueError, match="max_envs"):
+            await venv.recv(max_envs)
+        with pytest.raises(ValueError, match="max_envs"):
+            venv.recv_nowait(max_envs)
+        assert len((await venv.recv()).env_ids) == 2  # nothing was lost
