@@ -208,3 +208,25 @@ def test_workers_die_when_the_parent_is_killed(tmp_path):
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_code_piped_through_stdin_gets_a_clear_error_before_any_process_starts():
+    source = (
+        "import aiovec\n"
+        "try:\n"
+        "    aiovec.make('CartPole-v1', 2, backend='process')\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+        "venv = aiovec.make('CartPole-v1', 2, backend='process', context='fork')\n"
+        "venv.reset(); venv.close(); print('fork works')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert "cannot re-import the main module" in result.stdout, result.stderr
+    assert "fork works" in result.stdout

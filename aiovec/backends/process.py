@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import pickle
 import select
+import sys
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
@@ -59,6 +60,18 @@ DEFAULT_SPIN = 200e-6
 def default_context() -> str:
     """``forkserver`` where available (fast starts, safe with threads), else ``spawn``."""
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _check_main_importable() -> None:
+    """Workers started with spawn/forkserver re-import ``__main__`` from its file: fail
+    early, with the fix, when that file does not exist (code piped through stdin)."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.exists(main_file):
+        raise RuntimeError(
+            f"worker processes cannot re-import the main module ({main_file!r} is not a "
+            "file): save the script to a file, or pass context='fork', or use "
+            "backend='inline'"
+        )
 
 
 def pickle_factories(env_fns: dict[int, Callable[[], gym.Env]]) -> bytes:
@@ -127,6 +140,8 @@ class ProcessBackend(Backend):
             self.groups.append(list(range(remote_envs, num_envs)))
 
         context = context or default_context()
+        if context != "fork":
+            _check_main_importable()
         self._context = multiprocessing.get_context(context)
         if context == "forkserver":
             # Workers fork from a server that has already imported numpy and gymnasium.
