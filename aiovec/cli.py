@@ -85,6 +85,16 @@ def tune(args: argparse.Namespace) -> int:
     configs += [
         {"backend": "inline", "num_envs": n} for n in sorted({cores * k for k in per_worker_grid})
     ]
+    if cores > 1:  # cores - 1 workers, and this process steps an equal share itself
+        configs += [
+            {
+                "backend": "process",
+                "num_workers": cores - 1,
+                "inline_envs": k,
+                "num_envs": cores * k,
+            }
+            for k in per_worker_grid
+        ]
     rows = []
     with _progress(not args.quiet) as describe:
         for config in configs:
@@ -94,15 +104,18 @@ def tune(args: argparse.Namespace) -> int:
             rate = _measure(aiovec, args.env_id, num_envs, options, args.seconds, args.repeats)
             rows.append((rate, num_envs, config))
     rows.sort(key=lambda row: row[0], reverse=True)
-    print("| steps/s (median) | num_envs | backend | num_workers |\n|---|---|---|---|")
+    print("| steps/s (median) | num_envs | backend | num_workers | inline_envs |")
+    print("|---|---|---|---|---|")
     for rate, num_envs, config in rows:
         print(
-            f"| {rate:,.0f} | {num_envs} | {config['backend']} | {config.get('num_workers', '-')} |"
+            f"| {rate:,.0f} | {num_envs} | {config['backend']} "
+            f"| {config.get('num_workers', '-')} | {config.get('inline_envs', '-')} |"
         )
     rate, num_envs, config = rows[0]
     call = f'aiovec.make("{args.env_id}", num_envs={num_envs}, backend="{config["backend"]}"'
-    if "num_workers" in config:
-        call += f", num_workers={config['num_workers']}"
+    for option in ("num_workers", "inline_envs"):
+        if option in config:
+            call += f", {option}={config[option]}"
     print(f"\nrecommended on this machine ({rate:,.0f} steps/s):\n    {call})")
     return 0
 
