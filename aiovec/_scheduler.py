@@ -90,7 +90,7 @@ class Scheduler:
         ]
         self.ready_queue: deque[int] = deque()
         self.num_busy = 0
-        self.infos: list[dict | None] = [None] * num_envs
+        self.infos: dict[int, dict] = {}  # env id -> its non-empty info, until taken
         self.errors: dict[int, Exception] = {}  # env id -> failure to report instead of a result
         self.observations: list[Any] = [None] * num_envs  # for spaces not in shared memory
         self.dead_workers: dict[int, WorkerCrashedError] = {}
@@ -245,11 +245,20 @@ class Scheduler:
         if reply is not None:
             self._record(ticket, reply)
         infos = reply.infos if reply is not None else None
-        for position, env_id in enumerate(env_ids):
-            self.infos[env_id] = infos[position] if infos is not None else None
-            error = failure or ticket.errors.get(env_id)
-            if error is not None:
-                self.errors[env_id] = error
+        if infos is not None:
+            for env_id, info in zip(env_ids, infos):
+                if info:
+                    self.infos[env_id] = info
+                else:
+                    self.infos.pop(env_id, None)
+        elif self.infos:  # drop what an earlier, discarded result left
+            for env_id in env_ids:
+                self.infos.pop(env_id, None)
+        if failure is not None or ticket.errors:
+            for env_id in env_ids:
+                error = failure or ticket.errors.get(env_id)
+                if error is not None:
+                    self.errors[env_id] = error
         self.num_busy -= len(env_ids)
         self._mark(ticket.rows if env_ids is ticket.env_ids else env_ids, READY)
         self.ready_queue.extend(env_ids)

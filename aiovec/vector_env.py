@@ -365,19 +365,20 @@ class VecEnv(VectorEnv):
             error = errors.pop(env_id, None)
             if error is not None:
                 self._scheduler.give_back(env_ids[:position] + env_ids[position + 1 :])
-                self._scheduler.infos[env_id] = None
+                self._scheduler.infos.pop(env_id, None)
                 raise error
 
     def _collect_infos(self, env_ids: list[int]) -> dict[str, Any]:
-        infos = self._scheduler.infos
-        batch = [infos[i] or {} for i in env_ids]
-        for env_id, info in zip(env_ids, batch):
-            infos[env_id] = None
-            if info and info.get("restarted") is True:
-                self.restart_counts[env_id] += 1
         if self.autoreset_mode is AutoresetMode.DISABLED:
             done = self._buffers.terminations[env_ids] | self._buffers.truncations[env_ids]
             self._needs_reset[env_ids] = done
+        infos = self._scheduler.infos
+        if not infos:  # the common case for many envs: nothing to batch
+            return {}
+        batch = [infos.pop(i, None) or {} for i in env_ids]
+        for env_id, info in zip(env_ids, batch):
+            if info.get("restarted") is True:
+                self.restart_counts[env_id] += 1
         return batch_infos(batch)
 
     # --- shared pieces of lockstep stepping and resetting -----------------------------------
