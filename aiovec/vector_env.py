@@ -591,6 +591,13 @@ class VecEnv(VectorEnv):
         return self.call("render")
 
     @property
+    def worker_restarts(self) -> tuple[int, ...]:
+        """How many times each worker (process, actor, or async env) was replaced after
+        it crashed or timed out (``on_failure="restart"``); :attr:`restart_counts`
+        counts per env."""
+        return tuple(self._scheduler.worker_restarts)
+
+    @property
     def np_random_seed(self) -> tuple[int, ...]:
         """The seed of each env's random generator."""
         return self.get_attr("np_random_seed")

@@ -110,6 +110,8 @@ def test_restart_policy_rebuilds_the_env_and_training_goes_on(fault, no_leaks):
         fault, "worker 1"
     ) in reason
     assert venv.restart_counts.tolist() == [0, 1, 0]
+    # an env that raised is rebuilt inside its worker; a dead or hung worker is replaced
+    assert venv.worker_restarts == ((0, 0, 0) if fault == "raise" else (0, 1, 0))
     # and it keeps going (the healthy envs never noticed)
     _, rewards, *_ = venv.step([0, 0, 0])
     assert rewards[0] == 3.0 and rewards[2] == 3.0 and first[1][0] == 1.0
