@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import partial
 
@@ -255,3 +256,15 @@ async def test_recv_rejects_a_batch_size_below_one(max_envs):
         with pytest.raises(ValueError, match="max_envs"):
             venv.recv_nowait(max_envs)
         assert len((await venv.recv()).env_ids) == 2  # nothing was lost
+
+
+def test_new_event_loop_kinds():
+    import uvloop
+
+    for kind, expected in (("asyncio", asyncio.AbstractEventLoop), ("uvloop", uvloop.Loop)):
+        loop = aiovec.new_event_loop(kind)
+        assert isinstance(loop, expected)
+        loop.close()
+    auto = aiovec.new_event_loop()
+    assert isinstance(auto, uvloop.Loop)  # uvloop is installed here
+    auto.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 
 def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -41,6 +42,18 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     rates = {r["name"]: r["median_steps_per_s"] for r in data["workloads"][0]["results"]}
     assert rates["aiovec inline"] > 0 and rates["gymnasium SyncVectorEnv"] > 0
     assert {m["name"] for m in data["memory"]} >= {"aiovec process", "gymnasium AsyncVectorEnv"}
+    # the targets checker reads the same results
+    checker = Path(__file__).resolve().parent.parent / "benchmarks" / "targets.py"
+    targets = subprocess.run(
+        [sys.executable, str(checker), str(tmp_path / "results.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert targets.returncode == 0, targets.stderr
+    assert "| Memory, 64 envs: process <= 1/8 of Async's |" in targets.stdout
+    assert "PASS" in targets.stdout or "MISS" in targets.stdout
+    assert "| W4: lockstep >= 0.75 of the CPU limit | not run | - |" in targets.stdout
 
 
 def test_tune_recommends_a_call(tmp_path):
