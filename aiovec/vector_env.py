@@ -173,10 +173,10 @@ class VecEnv(VectorEnv):
                 max_restarts=restarts,
             )
         self.backend = backend
-        self.num_workers = len(getattr(self._backend, "_processes", ())) or (
-            len(self._backend.groups) if backend == "ray" else 0
-        )
-        self.inline_envs = inline_envs if backend == "process" else self.num_envs
+        #: Worker processes (process backend) or actors (Ray); 0 when envs run here.
+        self.num_workers = self._backend.num_workers
+        #: How many envs this process steps itself.
+        self.inline_envs = {"process": inline_envs, "ray": 0}.get(backend, self.num_envs)
         try:
             self._set_spaces(self._backend.descriptions)
             self._buffers = self._backend.attach(

@@ -66,6 +66,8 @@ class Backend(abc.ABC):
     groups: list[list[int]]
     #: True when every command completes inside :meth:`submit` (nothing ever waits).
     completes_inline: bool = False
+    #: Worker processes or actors hosting envs outside this process.
+    num_workers: int = 0
     descriptions: list[tuple[Any, ...]]
     buffers: Buffers
 

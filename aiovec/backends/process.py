@@ -155,6 +155,7 @@ class ProcessBackend(Backend):
         self._wakeup = Wakeup()
         self._poller: select.poll | None = None  # for wait_blocking, built on first use
         self._worker_of_fd: dict[int, int] = {}
+        self.num_workers = num_workers
         try:
             for worker in range(num_workers):
                 self._processes.append(None)

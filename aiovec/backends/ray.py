@@ -121,6 +121,7 @@ class RayBackend(Backend):
         if not 1 <= num_workers <= num_envs:
             raise ValueError(f"num_workers must be between 1 and {num_envs}, got {num_workers}")
         self.groups = [g.tolist() for g in np.array_split(np.arange(num_envs), num_workers)]
+        self.num_workers = num_workers
         self._factories = [
             cloudpickle.dumps({i: env_fns[i] for i in group}) for group in self.groups
         ]
