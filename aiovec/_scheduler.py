@@ -34,7 +34,7 @@ class Ticket:
 
     __slots__ = (
         "worker", "env_ids", "rows", "is_step", "command", "sent_at",
-        "done", "reply", "failure", "errors", "pending",
+        "done", "reply", "failure", "errors", "answered",
     )  # fmt: skip
 
     def __init__(
@@ -56,7 +56,12 @@ class Ticket:
         self.reply: Reply | None = None
         self.failure: Exception | None = None  # the worker died before answering
         self.errors: dict[int, Exception] = {}  # env id -> EnvError
-        self.pending = env_ids  # env ids not answered yet (a streamed step answers in parts)
+        # env ids already answered, once a streamed step has answered in parts
+        self.answered: set[int] | None = None
+
+    def unanswered(self) -> int:
+        """How many envs of this ticket still owe a result."""
+        return len(self.env_ids) - (len(self.answered) if self.answered else 0)
 
 
 class Scheduler:
@@ -189,9 +194,10 @@ class Scheduler:
                 continue
             if message.progressed:  # real work happened: not a crash loop
                 self._crashes_in_a_row[worker] = 0
-            if ticket.is_step and len(message.env_ids) < len(ticket.pending):
-                answered = set(message.env_ids)
-                ticket.pending = [e for e in ticket.pending if e not in answered]
+            if ticket.is_step and len(message.env_ids) < ticket.unanswered():
+                if ticket.answered is None:
+                    ticket.answered = set()
+                ticket.answered.update(message.env_ids)
                 self._step_results(ticket, message.env_ids, message, None)
                 continue
             del self._tickets[message.seq]
@@ -217,8 +223,9 @@ class Scheduler:
             for _, ticket in in_flight:  # the new envs answer with restart notices
                 ticket.sent_at = time.monotonic()
                 command = ticket.command
-                if ticket.is_step and ticket.pending is not ticket.env_ids:  # partly answered
-                    positions = [command.env_ids.index(e) for e in ticket.pending]
+                if ticket.is_step and ticket.answered:  # partly answered: the rest only
+                    answered = ticket.answered
+                    positions = [p for p, e in enumerate(command.env_ids) if e not in answered]
                     command = command.subset(positions)
                 self.backend.submit(worker, command)
             return
@@ -231,7 +238,15 @@ class Scheduler:
         """The last answer to ``ticket`` (or its failure) arrived."""
         ticket.done, ticket.reply, ticket.failure = True, reply, failure
         if ticket.is_step:
-            self._step_results(ticket, ticket.pending, reply, failure)
+            env_ids = ticket.env_ids  # one whole reply lists them in this order
+            if ticket.answered:  # the rest of a streamed step
+                answered = ticket.answered
+                env_ids = (
+                    reply.env_ids
+                    if reply is not None
+                    else [e for e in ticket.env_ids if e not in answered]
+                )
+            self._step_results(ticket, env_ids, reply, failure)
             return
         if reply is not None:
             self._record(ticket, reply)
