@@ -20,12 +20,12 @@ import signal
 import socket
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 
 import cloudpickle
 from gymnasium.vector import AutoresetMode
 
+from aiovec._async_server import AsyncEnvServer
 from aiovec._buffers import build_buffers
 from aiovec._channel import Channel
 from aiovec._host import EnvBuildError, EnvHost, build_envs, describe, error_info
@@ -33,7 +33,6 @@ from aiovec._loop import new_event_loop
 from aiovec._memory import SharedRegion
 from aiovec._protocol import (
     Close,
-    Command,
     Hello,
     Reply,
     Step,
@@ -125,46 +124,17 @@ def _serve(connection: Channel, host: EnvHost, spin: float) -> None:
 
 async def _serve_async(connection: Channel, host: EnvHost) -> None:
     """Serve async envs: each env steps as its own task, so the worker overlaps the waits
-    of all its envs. A step reply goes out as soon as its env is done; other commands
-    answer once all their envs are done. Commands to one env run in order."""
+    of all its envs (see :class:`~aiovec._async_server.AsyncEnvServer`)."""
     loop = asyncio.get_running_loop()
-    queues: dict[int, deque[tuple[Command, int]]] = {env_id: deque() for env_id in host.envs}
-    runners: dict[int, asyncio.Task] = {}
-    gathering: dict[int, list[Reply | None]] = {}  # seq -> per-position replies so far
+    server = AsyncEnvServer(host, emit=lambda reply: connection.send(_encode(reply)))
     stopped = loop.create_future()
-
-    def emit(command: Command, position: int, reply: Reply) -> None:
-        if isinstance(command, Step):
-            connection.send(_encode(reply))
-            return
-        parts = gathering[command.seq]
-        parts[position] = reply
-        if all(part is not None for part in parts):
-            del gathering[command.seq]
-            connection.send(_encode(merge_replies(parts)))
-
-    async def run(env_id: int) -> None:
-        queue = queues[env_id]
-        try:
-            while queue:
-                command, position = queue[0]
-                reply = await host.execute_async(command.subset([position]))
-                queue.popleft()
-                emit(command, position, reply)
-        finally:
-            del runners[env_id]
 
     def on_readable() -> None:
         for frame in connection.receive_ready():
             command = decode_command(frame)
             if isinstance(command, Close):
                 break
-            if not isinstance(command, Step):
-                gathering[command.seq] = [None] * len(command.env_ids)
-            for position, env_id in enumerate(command.env_ids):
-                queues[env_id].append((command, position))
-                if env_id not in runners:
-                    runners[env_id] = loop.create_task(run(env_id))
+            server.submit(command, loop)
         else:
             if not connection.eof:
                 return
@@ -177,9 +147,7 @@ async def _serve_async(connection: Channel, host: EnvHost) -> None:
         await stopped
     finally:
         loop.remove_reader(connection.fileno())
-        for runner in list(runners.values()):
-            runner.cancel()
-        await asyncio.gather(*runners.values(), return_exceptions=True)
+        await asyncio.gather(*server.retire(), return_exceptions=True)
         closes = [env.close() for env in host.envs.values()]
         await asyncio.gather(*(c for c in closes if inspect.isawaitable(c)), return_exceptions=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import partial
 
@@ -187,3 +188,31 @@ async def test_a_worker_overlaps_the_waits_of_its_async_envs():
         venv.send([1], env_ids=[0])
         rest = await venv.recv(min_envs=2)
         assert sorted(rest.env_ids.tolist()) == [0, 1]
+
+
+async def test_envs_finishing_together_are_answered_in_one_reply():
+    from gymnasium.vector import AutoresetMode as Mode
+
+    from aiovec._async_server import AsyncEnvServer
+    from aiovec._buffers import build_buffers
+    from aiovec._host import EnvHost
+    from aiovec._protocol import Step
+
+    envs = {i: AsyncCounterEnv(i, fail_at=1 if i == 7 else None) for i in range(50)}
+    host = EnvHost(envs, Mode.NEXT_STEP, None)
+    host.attach(build_buffers(envs[0].observation_space, envs[0].action_space, 50, np.zeros))
+    replies = []
+    server = AsyncEnvServer(host, emit=replies.append)
+    loop = asyncio.get_running_loop()
+    server.submit(Step(seq=1, env_ids=list(range(0, 50, 2))), loop)
+    server.submit(Step(seq=2, env_ids=list(range(1, 50, 2))), loop)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    # one reply per command, each listing all its envs; env 7's error travels in it
+    assert [(reply.seq, reply.env_ids) for reply in replies] == [
+        (1, list(range(0, 50, 2))),
+        (2, list(range(1, 50, 2))),
+    ]
+    assert [error.env_id for error in replies[1].errors] == [7]
+    assert host.buffers.observations[:, 1].tolist() == [0 if i == 7 else 1 for i in range(50)]
+    await asyncio.gather(*server.retire(), return_exceptions=True)

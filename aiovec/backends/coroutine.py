@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from gymnasium.vector import AutoresetMode
 
+from aiovec._async_server import AsyncEnvServer
 from aiovec._loop import new_event_loop
 from aiovec._protocol import Command
 from aiovec.async_env import AsyncEnv
@@ -36,10 +36,13 @@ class CoroutineBackend(LocalBackend):
     ) -> None:
         super().__init__(env_fns, autoreset_mode, max_restarts)
         self.groups = [[env_id] for env_id in range(len(self.descriptions))]
-        self._queues: list[deque[Command]] = [deque() for _ in self.groups]
-        self._runners: dict[int, asyncio.Task] = {}
-        self._parked: dict[int, asyncio.Future] = {}  # idle runners wait on these
-        self._killed: set[int] = set()
+        self._server = AsyncEnvServer(
+            self._host,
+            emit=lambda reply: self._deliver((reply.env_ids[0], reply)),
+            on_cancelled=lambda env_id: self._deliver(
+                (env_id, WorkerExit(None, "its step was cancelled"))
+            ),
+        )
         self._inbox: list[Message] = []
         self._wakeup = Wakeup()
         self._private_loop: asyncio.AbstractEventLoop | None = None
@@ -48,43 +51,7 @@ class CoroutineBackend(LocalBackend):
     # --- commands -------------------------------------------------------------------------
 
     def submit(self, worker: int, command: Command) -> None:
-        loop = self._current_loop()
-        self._queues[worker].append(command)
-        parked = self._parked.pop(worker, None)
-        if parked is not None:
-            parked.set_result(None)  # wake the env's idle runner
-        elif worker not in self._runners:
-            self._runners[worker] = loop.create_task(self._run(worker))
-
-    async def _run(self, worker: int) -> None:
-        """Execute ``worker``'s commands in order, one reply each; then park until the
-        next command (a parked runner is cheaper to wake than a new task to start).
-        Loops that shut down cancel parked runners, which then leave quietly."""
-        queue = self._queues[worker]
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                while queue:
-                    reply = await self._host.execute_async(queue[0])
-                    queue.popleft()
-                    self._deliver((worker, reply))
-                if loop is self._private_loop:
-                    return  # the sync API's loop only runs during calls: park nowhere
-                parked = self._parked[worker] = loop.create_future()
-                await parked
-        except asyncio.CancelledError:
-            self._parked.pop(worker, None)
-            queue.clear()
-            if worker in self._killed:  # not a loop shutting down: report the lost step
-                self._killed.discard(worker)
-                self._deliver((worker, WorkerExit(None, "its step was cancelled")))
-            raise
-        finally:
-            if self._runners.get(worker) is asyncio.current_task():
-                del self._runners[worker]
-
-    def _busy(self) -> bool:
-        return any(self._queues[worker] for worker in self._runners)
+        self._server.submit(command, self._current_loop())
 
     def _current_loop(self) -> asyncio.AbstractEventLoop:
         try:
@@ -93,17 +60,16 @@ class CoroutineBackend(LocalBackend):
             if self._private_loop is None:
                 self._private_loop = new_event_loop()
             loop = self._private_loop
-        if loop is not self._loop and self._runners:
-            if self._busy():
+        if loop is not self._loop and self._server.runners:
+            if self._server.busy():
                 raise RuntimeError(
                     "this vector env's async envs are busy on another event loop; "
                     "collect their results (recv) on that loop first"
                 )
-            for runner in self._runners.values():  # idle on the old loop: retire them
-                runner.cancel()
-            self._runners.clear()
-            self._parked.clear()
+            self._server.retire()  # idle on the old loop
         self._loop = loop
+        # The sync API's loop only runs during calls: idle runners cannot park there.
+        self._server.park = loop is not self._private_loop
         return loop
 
     # --- messages -------------------------------------------------------------------------
@@ -119,7 +85,7 @@ class CoroutineBackend(LocalBackend):
     async def wait(self, timeout: float | None = None) -> list[Message]:
         if not self._inbox:
             loop = asyncio.get_running_loop()
-            if loop is not self._loop and self._busy():
+            if loop is not self._loop and self._server.busy():
                 raise RuntimeError(
                     "the async envs were started on another event loop (send() and recv() "
                     "must run on the same loop; the synchronous API uses a private one)"
@@ -136,10 +102,7 @@ class CoroutineBackend(LocalBackend):
     # --- failures -----------------------------------------------------------------------------
 
     def kill(self, worker: int) -> None:
-        runner = self._runners.get(worker)
-        if runner is not None and self._queues[worker]:
-            self._killed.add(worker)
-            runner.cancel()
+        self._server.kill(worker)
 
     def restart(self, worker: int, reason: str) -> None:
         env_id = worker
@@ -160,9 +123,7 @@ class CoroutineBackend(LocalBackend):
 
     async def aclose(self, timeout: float) -> None:
         """Cancel what runs and await every env's ``close`` (within ``timeout``)."""
-        runners = list(self._runners.values())
-        for runner in runners:
-            runner.cancel()
+        runners = self._server.retire()
         await asyncio.gather(*runners, return_exceptions=True)
         closes = [_quietly(result) for env in self._host.envs.values()
                   if inspect.isawaitable(result := _close_call(env))]  # fmt: skip
@@ -174,8 +135,7 @@ class CoroutineBackend(LocalBackend):
         """Cancel what runs and close every env: awaited on this backend's loop when no
         loop is running, scheduled on the running loop otherwise (use ``aclose`` there
         to wait for it), skipped when ``timeout`` is 0 (``__del__``, Ctrl-C)."""
-        for runner in list(self._runners.values()):
-            runner.cancel()
+        self._server.retire()
         closes = [result for env in self._host.envs.values()
                   if inspect.isawaitable(result := _close_call(env))]  # fmt: skip
         try:
