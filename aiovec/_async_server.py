@@ -14,31 +14,33 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from aiovec._host import EnvHost, StepOutcome
+from aiovec._host import EnvHost, StepOutcome, error_info
 from aiovec._protocol import Command, Reply, Step, merge_replies
 from aiovec._spaces import read_row
+from aiovec.errors import StepTimeoutError
 
 
 class AsyncEnvServer:
     """Executes commands on ``host``'s envs; every reply goes to ``emit``.
 
-    ``on_cancelled(env_id)`` is called when :meth:`kill` cancelled a command in flight
-    (its env's queue is dropped; the env itself stays and may be rebuilt).
+    With ``step_timeout``, an env's command that takes longer is cancelled alone and
+    fails with :class:`aiovec.StepTimeoutError` (a step is then handled like any failed
+    step: reported, or the env rebuilt under the host's restart policy).
     """
 
     def __init__(
         self,
         host: EnvHost,
         emit: Callable[[Reply], None],
-        on_cancelled: Callable[[int], None] | None = None,
+        step_timeout: float | None = None,
     ) -> None:
         self.host = host
         self._emit = emit
-        self._on_cancelled = on_cancelled
+        self._step_timeout = step_timeout
         self._queues: dict[int, deque[tuple[Command, int]]] = {e: deque() for e in host.envs}
         self.runners: dict[int, asyncio.Task] = {}
         self._parked: dict[int, asyncio.Future] = {}  # idle runners wait on these
-        self._killed: set[int] = set()
+        self._expired: set[int] = set()  # envs whose command is being cancelled for lateness
         self._gathering: dict[int, list[Reply | None]] = {}  # seq -> per-position replies
         self._finished_steps: dict[int, list[StepOutcome]] = {}  # seq -> not yet emitted
         self._flush_scheduled = False
@@ -62,15 +64,6 @@ class AsyncEnvServer:
         """Whether some env has a command queued or running."""
         return any(self._queues[env_id] for env_id in self.runners)
 
-    def kill(self, env_id: int) -> bool:
-        """Cancel env ``env_id``'s command in flight; False when it had none."""
-        runner = self.runners.get(env_id)
-        if runner is None or not self._queues[env_id]:
-            return False
-        self._killed.add(env_id)
-        runner.cancel()
-        return True
-
     def retire(self) -> list[asyncio.Task]:
         """Cancel every runner (idle ones on a loop being left, or all at shutdown)."""
         if self._finished_steps:  # its flush was scheduled on the loop being left
@@ -83,25 +76,16 @@ class AsyncEnvServer:
         return runners
 
     async def _run(self, env_id: int, loop: asyncio.AbstractEventLoop) -> None:
-        queue, host = self._queues[env_id], self.host
+        queue = self._queues[env_id]
         try:
             while True:
                 while queue:
                     command, position = queue[0]
-                    if type(command) is Step:
-                        actions = command.actions
-                        action = (
-                            read_row(host.buffers.actions, env_id)
-                            if actions is None
-                            else actions[position]
-                        )
-                        outcome = await host.step_async(env_id, action)
-                        queue.popleft()
-                        self._step_done(command.seq, outcome, loop)
+                    if self._step_timeout is None:
+                        await self._execute(env_id, command, position, loop)
                     else:
-                        reply = await host.execute_async(command.subset([position]))
-                        queue.popleft()
-                        self._part_done(command, position, reply)
+                        await self._execute_in_time(env_id, command, position, loop)
+                    queue.popleft()
                 if not self.park:
                     return
                 parked = self._parked[env_id] = loop.create_future()
@@ -109,14 +93,55 @@ class AsyncEnvServer:
         except asyncio.CancelledError:
             self._parked.pop(env_id, None)
             queue.clear()
-            if env_id in self._killed:  # not a loop shutting down: report the lost command
-                self._killed.discard(env_id)
-                if self._on_cancelled is not None:
-                    self._on_cancelled(env_id)
             raise
         finally:
             if self.runners.get(env_id) is asyncio.current_task():
                 del self.runners[env_id]
+
+    async def _execute(
+        self, env_id: int, command: Command, position: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        host = self.host
+        if type(command) is Step:
+            actions = command.actions  # set for action spaces not in shared memory
+            action = (
+                read_row(host.buffers.actions, env_id) if actions is None else actions[position]
+            )
+            self._step_done(command.seq, await host.step_async(env_id, action), loop)
+        else:
+            self._part_done(command, position, await host.execute_async(command.subset([position])))
+
+    async def _execute_in_time(
+        self, env_id: int, command: Command, position: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """:meth:`_execute`, cancelled after ``step_timeout``: the command then fails."""
+        timeout = self._step_timeout
+        timer = loop.call_later(timeout, self._expire, env_id)
+        try:
+            await self._execute(env_id, command, position, loop)
+            return
+        except asyncio.CancelledError:
+            if env_id not in self._expired:
+                raise  # shutting down, not a late env
+            task = asyncio.current_task()
+            if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled
+                task.uncancel()
+        finally:
+            timer.cancel()
+            self._expired.discard(env_id)
+        late = StepTimeoutError(None, [env_id], [env_id], timeout)
+        if type(command) is Step:
+            self._step_done(command.seq, await self.host.recover_async(env_id, late), loop)
+        else:
+            operation = type(command).__name__.lower()
+            failed = Reply(command.seq, [env_id], errors=[error_info(env_id, operation, late)])
+            self._part_done(command, position, failed)
+
+    def _expire(self, env_id: int) -> None:
+        runner = self.runners.get(env_id)
+        if runner is not None:
+            self._expired.add(env_id)
+            runner.cancel()
 
     def _step_done(self, seq: int, outcome: StepOutcome, loop: asyncio.AbstractEventLoop) -> None:
         finished = self._finished_steps.get(seq)

@@ -21,6 +21,7 @@ from aiovec._buffers import Buffers
 from aiovec._protocol import Call, Command, ErrorInfo, Reply, Reset, SetAttr, Step
 from aiovec._spaces import is_shareable, read_row, row_writer
 from aiovec.async_env import AsyncEnv
+from aiovec.errors import StepTimeoutError
 
 
 def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
@@ -31,6 +32,7 @@ def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
         exc_type=type(exc).__qualname__,
         message=str(exc),
         traceback="".join(traceback.format_exception(exc)),
+        timeout=exc.timeout if isinstance(exc, StepTimeoutError) else None,
     )
 
 
@@ -143,18 +145,27 @@ class EnvHost:
         try:
             if stepped:
                 result = self.envs[env_id].step(action)
-                if inspect.isawaitable(result):
+                if type(result) is not tuple and inspect.isawaitable(result):
                     result = await result
-                info = await self._drive_async(env_id, self._stepped_flow(env_id, result))
+                observation, reward, terminated, truncated, info = result
+                if self._same_step and (terminated or truncated):
+                    info = await self._drive_async(env_id, self._stepped_flow(env_id, result))
+                else:  # no autoreset to run: no flow to drive
+                    self._record_step(env_id, observation, reward, terminated, truncated)
             else:
                 info = await self._drive_async(env_id, self._step_flow(env_id, action))
         except Exception as exc:
-            try:
-                info = await self._drive_async(env_id, self._recover_flow(env_id, exc))
-            except Exception as final:
-                return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
-            stepped = False
+            return await self.recover_async(env_id, exc)
         return StepOutcome(env_id, info, None, stepped)
+
+    async def recover_async(self, env_id: int, exc: Exception) -> StepOutcome:
+        """The outcome of a step of env ``env_id`` that failed with ``exc``: the env
+        rebuilt and reset (restart policy), or ``exc`` reported."""
+        try:
+            info = await self._drive_async(env_id, self._recover_flow(env_id, exc))
+        except Exception as final:
+            return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
+        return StepOutcome(env_id, info, None, False)
 
     def observations_of(self, env_ids: list[int]) -> list[Any] | None:
         """The latest observations of ``env_ids`` when they travel in replies (spaces not in
@@ -306,9 +317,14 @@ class EnvHost:
             final = {"final_obs": observation, "final_info": info}
             observation, reset_info = yield _RESET
             info = {**final, **reset_info}
+        self._record_step(env_id, observation, reward, terminated, truncated)
+        return info
+
+    def _record_step(
+        self, env_id: int, observation: Any, reward: Any, terminated: Any, truncated: Any
+    ) -> None:
         self._write_results(env_id, observation, reward, terminated, truncated)
         self._failures_in_a_row[env_id] = 0  # whatever failed before is not a loop
-        return info
 
     def _write_results(
         self, env_id: int, observation: Any, reward: Any, terminated: Any, truncated: Any

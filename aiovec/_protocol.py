@@ -16,7 +16,7 @@ import cloudpickle
 import msgspec
 import numpy as np
 
-from aiovec.errors import EnvError
+from aiovec.errors import EnvError, StepTimeoutError
 
 # --- commands (vector env -> worker) ---------------------------------------------------
 
@@ -102,9 +102,14 @@ class ErrorInfo(msgspec.Struct, array_like=True):
     exc_type: str
     message: str
     traceback: str
+    #: Set when the env's command was cancelled for taking longer than this (seconds).
+    timeout: Union[float, None] = None
 
-    def to_exception(self) -> EnvError:
-        """The :class:`aiovec.EnvError` the user sees for this error."""
+    def to_exception(self) -> EnvError | StepTimeoutError:
+        """The exception the user sees for this error: :class:`aiovec.EnvError`, or
+        :class:`aiovec.StepTimeoutError` for a cancelled late command."""
+        if self.timeout is not None:
+            return StepTimeoutError(None, [self.env_id], [self.env_id], self.timeout)
         return EnvError(self.env_id, self.operation, self.exc_type, self.message, self.traceback)
 
 

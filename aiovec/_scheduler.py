@@ -110,6 +110,9 @@ class Scheduler:
         """``(worker, env ids, rows)`` per worker, order kept within each group."""
         if env_ids is self.all_env_ids:
             return self._all_groups
+        if len(self._all_groups) == 1:  # one group (inline, coroutine): no sorting needed
+            env_ids = [int(env_id) for env_id in env_ids]
+            return [(0, env_ids, env_ids)]
         groups: dict[int, list[int]] = {}
         worker_of = self.worker_of
         for env_id in env_ids:

@@ -97,7 +97,9 @@ def _describe_exit(exitcode: int | None) -> str:
 
 
 class StepTimeoutError(WorkerCrashedError):
-    """Envs did not answer within ``step_timeout``: their worker was killed.
+    """Envs did not answer within ``step_timeout``: their worker was killed, or, for
+    async envs on the coroutine backend, the late env's command alone was cancelled
+    (``worker_index`` is then ``None`` and the other envs go on).
 
     Attributes:
         timed_out: the env ids whose command was late.
@@ -105,14 +107,21 @@ class StepTimeoutError(WorkerCrashedError):
     """
 
     def __init__(
-        self, worker_index: int, env_ids: Sequence[int], timed_out: Sequence[int], timeout: float
+        self,
+        worker_index: int | None,
+        env_ids: Sequence[int],
+        timed_out: Sequence[int],
+        timeout: float,
     ) -> None:
         self.timed_out = list(timed_out)
         self.timeout = timeout
+        outcome = (
+            "its command was cancelled; the other envs go on"
+            if worker_index is None
+            else f"worker {worker_index} hosting envs {list(env_ids)} was killed"
+        )
         AiovecError.__init__(
-            self,
-            f"envs {self.timed_out} did not answer within step_timeout={timeout} s; "
-            f"worker {worker_index} hosting envs {list(env_ids)} was killed",
+            self, f"envs {self.timed_out} did not answer within step_timeout={timeout} s; {outcome}"
         )
         self.worker_index, self.env_ids, self.exitcode = worker_index, list(env_ids), None
 

@@ -85,9 +85,11 @@ class VecEnv(VectorEnv):
         ray_options: Ray backend: ``address`` (for ``ray.init``, used only when Ray is not
             initialized yet), ``num_cpus`` per actor (default 1), ``init_kwargs``, and any
             other actor option (``resources``, ``scheduling_strategy``, ...).
-        step_timeout: process backend: seconds an env may take to answer a command;
-            past that its worker is killed and :class:`aiovec.StepTimeoutError` names
-            the late envs (or, with ``"restart"``, the worker is rebuilt).
+        step_timeout: seconds an env may take to answer a command; past that
+            :class:`aiovec.StepTimeoutError` names the late envs. The process and Ray
+            backends kill the late env's worker (with ``"restart"``: rebuild it); the
+            coroutine backend cancels the late env's command alone (with ``"restart"``:
+            rebuilds that env) while the other envs go on.
 
     Raises:
         aiovec.EnvError: an env factory raised (names the env index).
@@ -153,7 +155,9 @@ class VecEnv(VectorEnv):
         elif backend == "coroutine":
             from aiovec.backends.coroutine import CoroutineBackend
 
-            self._backend = CoroutineBackend(env_fns, self.autoreset_mode, restarts)
+            self._backend = CoroutineBackend(
+                env_fns, self.autoreset_mode, restarts, step_timeout=step_timeout
+            )
         elif backend == "ray":
             from aiovec.backends.ray import RayBackend
 
@@ -190,7 +194,7 @@ class VecEnv(VectorEnv):
             self.num_envs,
             restart=on_failure == "restart",
             max_restarts=restarts,
-            step_timeout=step_timeout,
+            step_timeout=None if self._backend.enforces_step_timeout else step_timeout,
         )
         self.on_failure = on_failure
         #: How many times each env was rebuilt after a failure (``on_failure="restart"``).

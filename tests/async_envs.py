@@ -26,15 +26,18 @@ class AsyncCounterEnv(AsyncEnv):
         episode_length: int = 7,
         fail_at: int | None = None,
         hang_at: int | None = None,
+        reset_delay: float = 0.0,
     ) -> None:
         self.env_index, self.delay, self.mean_delay = env_index, delay, mean_delay
         self.episode_length, self.fail_at, self.hang_at = episode_length, fail_at, hang_at
         self.count = 0
+        self.reset_delay = reset_delay
         self.steps_since_built = 0
         self.closed = False
 
     async def reset(self, *, seed=None, options=None):
         await super().reset(seed=seed)
+        await asyncio.sleep(self.reset_delay)
         self.count = 0
         return np.array([self.env_index, 0.0]), {"start": self.env_index}
 

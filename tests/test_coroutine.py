@@ -103,6 +103,17 @@ async def test_hanging_env_is_cancelled_alone_after_step_timeout():
                 await venv.recv()
 
 
+async def test_a_hanging_reset_is_cancelled_alone_and_the_env_stays_usable():
+    env_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, reset_delay=60)]
+    async with aiovec.VecEnv(env_fns, backend="coroutine", step_timeout=0.3) as venv:
+        with pytest.raises(aiovec.StepTimeoutError, match=r"envs \[1\] did not answer") as caught:
+            await venv.areset()
+        assert caught.value.timed_out == [1] and caught.value.worker_index is None
+        await venv.aset_attr("reset_delay", 0.0)
+        observations, _ = await venv.areset()
+        assert observations.tolist() == [[0, 0], [1, 0]]
+
+
 async def test_restart_policy_rebuilds_a_failing_async_env():
     env_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, hang_at=2)]
     async with aiovec.VecEnv(

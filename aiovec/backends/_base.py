@@ -93,6 +93,9 @@ class Backend(abc.ABC):
 
     #: True when :meth:`restart` and :meth:`kill` work (workers are separate processes).
     can_restart: bool = False
+    #: True when the backend cancels late commands itself (given ``step_timeout``), env by
+    #: env; the scheduler then never kills its workers for lateness.
+    enforces_step_timeout: bool = False
 
     def restart(self, worker: int, reason: str) -> None:
         """Replace a dead worker by a fresh one that rebuilds its envs."""

@@ -1,10 +1,9 @@
 """Coroutine backend: async envs (:class:`aiovec.AsyncEnv`) as tasks on the event loop.
 
-Every env is its own "worker" with a FIFO of commands, run by a task on the loop that
-drives the vector env: the running loop for the async API, a private one for the
-synchronous API. An env that hangs is cancelled alone (``kill``), and ``restart``
-rebuilds it from its factory, so the scheduler's timeouts and restart policy apply as
-with worker processes.
+All envs form one group, served by an :class:`~aiovec._async_server.AsyncEnvServer` on
+the loop that drives the vector env: the running loop for the async API, a private one
+for the synchronous API. Step timeouts are enforced per env by the server: a late env
+is cancelled alone (and rebuilt under the restart policy) while the others go on.
 """
 
 from __future__ import annotations
@@ -20,28 +19,25 @@ from aiovec._async_server import AsyncEnvServer
 from aiovec._loop import new_event_loop
 from aiovec._protocol import Command
 from aiovec.async_env import AsyncEnv
-from aiovec.backends._base import LocalBackend, Message, Wakeup, WorkerExit
+from aiovec.backends._base import LocalBackend, Message, Wakeup
 
 
 class CoroutineBackend(LocalBackend):
-    """Hosts async envs as tasks; env ``i`` is worker ``i``."""
+    """Hosts async envs as tasks of one event loop, in one group."""
 
-    can_restart = True
+    enforces_step_timeout = True
 
     def __init__(
         self,
         env_fns: Sequence[Callable[[], AsyncEnv]],
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
+        step_timeout: float | None = None,
     ) -> None:
         super().__init__(env_fns, autoreset_mode, max_restarts)
-        self.groups = [[env_id] for env_id in range(len(self.descriptions))]
+        self.groups = [list(range(len(self.descriptions)))]
         self._server = AsyncEnvServer(
-            self._host,
-            emit=lambda reply: self._deliver((reply.env_ids[0], reply)),
-            on_cancelled=lambda env_id: self._deliver(
-                (env_id, WorkerExit(None, "its step was cancelled"))
-            ),
+            self._host, emit=lambda reply: self._deliver((0, reply)), step_timeout=step_timeout
         )
         self._inbox: list[Message] = []
         self._wakeup = Wakeup()
@@ -98,26 +94,6 @@ class CoroutineBackend(LocalBackend):
             return self.poll()
         loop = self._current_loop()
         return loop.run_until_complete(self.wait(timeout))
-
-    # --- failures -----------------------------------------------------------------------------
-
-    def kill(self, worker: int) -> None:
-        self._server.kill(worker)
-
-    def restart(self, worker: int, reason: str) -> None:
-        env_id = worker
-        old = self._host.envs[env_id]
-        self._host.envs[env_id] = self._host.rebuild(env_id)
-        self._close_later(old)
-        self._host.notify_restart(reason, env_ids=[env_id])
-
-    def _close_later(self, env: Any) -> None:
-        result = _close_call(env)
-        if inspect.isawaitable(result):
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.create_task(_quietly(result))
-            else:
-                result.close()  # type: ignore[union-attr]
 
     # --- shutdown -------------------------------------------------------------------------
 
