@@ -7,6 +7,7 @@ no selector built per poll and no second syscall per message.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -28,8 +29,18 @@ class Channel:
         return self.sock.fileno()
 
     def send(self, frame: bytes) -> None:
-        """Send one frame (blocks only while the socket buffer is full)."""
-        self.sock.sendall(_HEADER.pack(len(frame)) + frame)
+        """Send one frame (blocks only while the socket buffer is full).
+
+        Works on non-blocking sockets too (an event loop watching the socket makes it
+        non-blocking): a full buffer is then waited out, never half a frame sent.
+        """
+        data = memoryview(_HEADER.pack(len(frame)) + frame)
+        send = self.sock.send
+        while data:
+            try:
+                data = data[send(data) :]
+            except (BlockingIOError, InterruptedError):
+                select.select((), (self.sock,), ())
 
     def receive(self, spin: float = 0.0) -> bytes:
         """Block until the next frame arrives, first polling for up to ``spin`` seconds.
