@@ -11,6 +11,7 @@ are done.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections import deque
 from collections.abc import Callable
 
@@ -74,6 +75,24 @@ class AsyncEnvServer:
         self.runners.clear()
         self._parked.clear()
         return runners
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        """Cancel every runner, then close every env, awaiting async ``close`` methods
+        for up to ``timeout`` seconds. Errors of envs that fail to close are ignored."""
+        await asyncio.gather(*self.retire(), return_exceptions=True)
+        closes = []
+        for env in self.host.envs.values():
+            try:
+                result = env.close()
+            except Exception:
+                continue
+            if inspect.isawaitable(result):
+                closes.append(result)
+        if closes:
+            try:
+                await asyncio.wait_for(asyncio.gather(*closes, return_exceptions=True), timeout)
+            except asyncio.TimeoutError:
+                pass  # closing must finish; envs that take longer are abandoned
 
     async def _run(self, env_id: int, loop: asyncio.AbstractEventLoop) -> None:
         queue = self._queues[env_id]

@@ -8,9 +8,11 @@ normally.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import traceback
 from collections.abc import Callable, Generator
+from concurrent.futures import Executor
 from operator import methodcaller
 from typing import Any, NamedTuple
 
@@ -89,6 +91,9 @@ class EnvHost:
     ) -> None:
         self.envs = envs
         self.autoreset_mode = autoreset_mode
+        #: Where :meth:`step_async` and :meth:`execute_async` run the envs' blocking methods
+        #: (so that envs that wait overlap); ``None``: on the event loop's thread.
+        self.threads: Executor | None = None
         self._same_step = autoreset_mode is AutoresetMode.SAME_STEP
         self._next_step = autoreset_mode is AutoresetMode.NEXT_STEP
         self._env_fns = env_fns or {}
@@ -144,7 +149,10 @@ class EnvHost:
         )
         try:
             if stepped:
-                result = self.envs[env_id].step(action)
+                if self.threads is None:
+                    result = self.envs[env_id].step(action)
+                else:
+                    result = await self._in_thread(self.envs[env_id].step, action)
                 if type(result) is not tuple and inspect.isawaitable(result):
                     result = await result
                 observation, reward, terminated, truncated, info = result
@@ -166,6 +174,9 @@ class EnvHost:
         except Exception as final:
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
         return StepOutcome(env_id, info, None, False)
+
+    def _in_thread(self, function: Callable[..., Any], *args: Any) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(self.threads, function, *args)
 
     def observations_of(self, env_ids: list[int]) -> list[Any] | None:
         """The latest observations of ``env_ids`` when they travel in replies (spaces not in
@@ -211,7 +222,10 @@ class EnvHost:
             request = next(flow)
             while True:
                 try:
-                    result = request(self.envs[env_id])
+                    if self.threads is None:
+                        result = request(self.envs[env_id])
+                    else:
+                        result = await self._in_thread(request, self.envs[env_id])
                     if inspect.isawaitable(result):
                         result = await result
                 except Exception as exc:

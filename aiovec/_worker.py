@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import inspect
 import pickle
 import signal
 import socket
@@ -147,9 +146,7 @@ async def _serve_async(connection: Channel, host: EnvHost) -> None:
         await stopped
     finally:
         loop.remove_reader(connection.fileno())
-        await asyncio.gather(*server.retire(), return_exceptions=True)
-        closes = [env.close() for env in host.envs.values()]
-        await asyncio.gather(*(c for c in closes if inspect.isawaitable(c)), return_exceptions=True)
+        await server.aclose()
 
 
 def _stream_step(

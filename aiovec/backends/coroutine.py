@@ -99,11 +99,7 @@ class CoroutineBackend(LocalBackend):
 
     async def aclose(self, timeout: float) -> None:
         """Cancel what runs and await every env's ``close`` (within ``timeout``)."""
-        runners = self._server.retire()
-        await asyncio.gather(*runners, return_exceptions=True)
-        closes = [_quietly(result) for env in self._host.envs.values()
-                  if inspect.isawaitable(result := _close_call(env))]  # fmt: skip
-        await _close_all(closes, timeout)
+        await self._server.aclose(timeout)
         if self._private_loop is not None:
             self._private_loop.close()
 
