@@ -241,14 +241,12 @@ class Scheduler:
         """The last answer to ``ticket`` (or its failure) arrived."""
         ticket.done, ticket.reply, ticket.failure = True, reply, failure
         if ticket.is_step:
-            env_ids = ticket.env_ids  # one whole reply lists them in this order
-            if ticket.answered:  # the rest of a streamed step
-                answered = ticket.answered
-                env_ids = (
-                    reply.env_ids
-                    if reply is not None
-                    else [e for e in ticket.env_ids if e not in answered]
-                )
+            if reply is not None:  # in the order the envs finished, not necessarily sent
+                env_ids = reply.env_ids
+            elif ticket.answered:  # failed after a part was answered: the rest
+                env_ids = [e for e in ticket.env_ids if e not in ticket.answered]
+            else:
+                env_ids = ticket.env_ids
             self._step_results(ticket, env_ids, reply, failure)
             return
         if reply is not None:

@@ -27,11 +27,13 @@ class AsyncCounterEnv(AsyncEnv):
         fail_at: int | None = None,
         hang_at: int | None = None,
         reset_delay: float = 0.0,
+        yields: int = 0,
     ) -> None:
         self.env_index, self.delay, self.mean_delay = env_index, delay, mean_delay
         self.episode_length, self.fail_at, self.hang_at = episode_length, fail_at, hang_at
         self.count = 0
         self.reset_delay = reset_delay
+        self.yields = yields  # loop iterations each step takes (orders envs finishing together)
         self.steps_since_built = 0
         self.closed = False
 
@@ -43,6 +45,8 @@ class AsyncCounterEnv(AsyncEnv):
 
     async def step(self, action):
         self.steps_since_built += 1
+        for _ in range(self.yields):
+            await asyncio.sleep(0)
         if self.steps_since_built == self.fail_at:
             raise ConnectionError(f"simulator {self.env_index} dropped the connection")
         if self.steps_since_built == self.hang_at:

@@ -183,6 +183,21 @@ def test_async_envs_in_worker_processes_match_the_coroutine_backend(mode):
         assert_same(a, e, f"record[{index}]")
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"backend": "coroutine"}, {"backend": "process", "num_workers": 1}],
+    ids=["coroutine", "process"],
+)
+async def test_infos_follow_their_env_when_envs_finish_out_of_order(options):
+    # Env 0 takes one loop iteration more than env 1: both land in one reply, env 1 first.
+    env_fns = [partial(AsyncCounterEnv, 0, yields=2), partial(AsyncCounterEnv, 1, yields=1)]
+    async with aiovec.VecEnv(env_fns, **options) as venv:
+        await venv.areset()
+        for _ in range(3):
+            _, _, _, _, infos = await venv.astep(np.array([0, 1]))
+            assert infos["action"].tolist() == [0, 1]
+
+
 async def test_a_worker_overlaps_the_waits_of_its_async_envs():
     async with aiovec.VecEnv(async_envs(20, delay=0.3), backend="process", num_workers=1) as venv:
         await venv.areset()

@@ -36,12 +36,62 @@ def run(venv, mode, steps=25):
     return record
 
 
+CONCURRENCY = pytest.mark.parametrize(
+    "concurrent", [False, True], ids=["envs-one-after-another", "envs-concurrent"]
+)
+
+
+@CONCURRENCY
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
-def test_same_results_as_the_process_backend(mode):
+def test_same_results_as_the_process_backend(mode, concurrent):
     space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (3,)), "k": gym.spaces.Discrete(4)})
     env_fns = [partial(SpacesEnv, space, gym.spaces.MultiDiscrete([2, 3]))] * 4
     expected = run(aiovec.VecEnv(env_fns, backend="process", autoreset_mode=mode), mode)
-    actual = run(aiovec.VecEnv(env_fns, backend="ray", num_workers=2, autoreset_mode=mode), mode)
+    options = {"concurrent_envs": concurrent}
+    actual = run(
+        aiovec.VecEnv(
+            env_fns, backend="ray", num_workers=2, autoreset_mode=mode, ray_options=options
+        ),
+        mode,
+    )
+    for index, (a, e) in enumerate(zip(actual, expected)):
+        assert_same(a, e, f"record[{index}]")
+
+
+async def test_waiting_envs_of_one_actor_overlap_and_the_fast_ones_come_first():
+    # No option given: the actor's probe finds that these envs wait, and overlaps them.
+    env_fns = [partial(CounterEnv, i, delay=0.6 if i % 2 == 0 else 0.0) for i in range(4)]
+    async with aiovec.VecEnv(env_fns, backend="ray", num_workers=1) as venv:
+        await venv.areset()
+        started = time.monotonic()
+        venv.send(np.zeros(4, dtype=np.int64))
+        first = await venv.recv(min_envs=2)
+        assert sorted(first.env_ids.tolist()) == [1, 3]  # the slow envs still sleep
+        venv.send(np.zeros(2, dtype=np.int64), env_ids=first.env_ids)
+        rest = await venv.recv(min_envs=4)
+        assert sorted(rest.env_ids.tolist()) == [0, 1, 2, 3]
+        assert time.monotonic() - started < 1.0  # envs 0 and 2 slept together, not in turn
+        assert rest.observations[np.argsort(rest.env_ids)][:, 1].tolist() == [1, 2, 1, 2]
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+def test_async_envs_in_actors_match_the_coroutine_backend(mode):
+    from tests.async_envs import AsyncCounterEnv
+
+    def record(venv):
+        results = [venv.reset(seed=3)]
+        for step in range(12):
+            result = venv.step(np.array([step % 2, 1, 0, 1]))
+            results.append(result)
+            if mode is AutoresetMode.DISABLED and (result[2] | result[3]).any():
+                results.append(venv.reset(options={"reset_mask": result[2] | result[3]}))
+        results.append(venv.call("count", env_ids=[3, 0]))
+        venv.close()
+        return results
+
+    env_fns = [partial(AsyncCounterEnv, i, delay=0.001 * i, episode_length=5) for i in range(4)]
+    expected = record(aiovec.VecEnv(env_fns, backend="coroutine", autoreset_mode=mode))
+    actual = record(aiovec.VecEnv(env_fns, backend="ray", num_workers=2, autoreset_mode=mode))
     for index, (a, e) in enumerate(zip(actual, expected)):
         assert_same(a, e, f"record[{index}]")
 
@@ -58,8 +108,14 @@ async def test_first_ready_across_actors():
         assert sorted(rest.env_ids.tolist()) == [0, 1]
 
 
-def test_killed_actor_raises_under_raise_policy():
-    venv = aiovec.VecEnv([partial(CounterEnv, i) for i in range(4)], backend="ray", num_workers=2)
+@CONCURRENCY
+def test_killed_actor_raises_under_raise_policy(concurrent):
+    venv = aiovec.VecEnv(
+        [partial(CounterEnv, i) for i in range(4)],
+        backend="ray",
+        num_workers=2,
+        ray_options={"concurrent_envs": concurrent},
+    )
     venv.reset()
     ray.kill(venv._backend._actors[1], no_restart=True)
     with pytest.raises(aiovec.WorkerCrashedError, match=r"worker 1 hosting envs \[2, 3\]"):
@@ -69,12 +125,14 @@ def test_killed_actor_raises_under_raise_policy():
     venv.close()
 
 
-def test_killed_actor_is_rebuilt_under_restart_policy():
+@CONCURRENCY
+def test_killed_actor_is_rebuilt_under_restart_policy(concurrent):
     venv = aiovec.VecEnv(
         [partial(CounterEnv, i) for i in range(4)],
         backend="ray",
         num_workers=2,
         on_failure="restart",
+        ray_options={"concurrent_envs": concurrent},
     )
     venv.reset()
     venv.step(np.zeros(4, dtype=np.int64))

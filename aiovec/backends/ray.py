@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cloudpickle
@@ -22,10 +23,13 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from aiovec._async_server import AsyncEnvServer
+from aiovec._auto import WAITING_CPU_SHARE, probe_step_time
 from aiovec._buffers import Buffers, build_buffers
 from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
-from aiovec._protocol import Command, Reset, Step
+from aiovec._protocol import Command, Reply, Reset, Step
 from aiovec._spaces import read_rows, write_rows
+from aiovec.async_env import AsyncEnv
 from aiovec.backends._base import Backend, Message, WorkerExit
 
 try:
@@ -37,7 +41,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 
 class EnvActor:
-    """The actor side: a group of envs, their own buffers, one payload per command."""
+    """The actor side: a group of envs, their own buffers, results as numpy payloads.
+
+    Envs that mostly wait (async envs, or blocking envs that sleep or do IO, found by a
+    short probe) run concurrently, each as a task of the actor's event loop (blocking
+    ones in a thread each), and :meth:`exchange` hands back whichever envs finished.
+    CPU-bound envs are stepped one after the other, a command at a time.
+    """
 
     def __init__(
         self,
@@ -45,6 +55,7 @@ class EnvActor:
         autoreset_mode: str,
         max_restarts: int,
         restart_reason: str | None,
+        concurrent: bool | None = None,
     ) -> None:
         env_fns = cloudpickle.loads(factories)
         try:
@@ -59,6 +70,18 @@ class EnvActor:
         )
         if restart_reason is not None:
             self.host.notify_restart(restart_reason)
+        self._server: AsyncEnvServer | None = None
+        if concurrent is None:
+            concurrent = _mostly_waiting(next(iter(env_fns.values())), envs)
+        if concurrent:
+            if not all(isinstance(env, AsyncEnv) for env in envs.values()):
+                self.host.threads = ThreadPoolExecutor(len(envs), "aiovec-env")
+            self._server = AsyncEnvServer(self.host, emit=self._finished)
+        self._outbox: list[tuple[Reply, Any]] = []
+        self._owed = 0  # env commands submitted and not answered yet
+        # seq -> [whether its replies carry result rows, env ids still to answer]
+        self._unanswered: dict[int, list] = {}
+        self._progress: asyncio.Event | None = None
 
     def describe(self) -> Any:
         if self.build_error is not None:
@@ -68,29 +91,74 @@ class EnvActor:
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space, n: int) -> None:
         self.host.attach(build_buffers(observation_space, action_space, n, np.zeros))
 
-    def execute(self, command: Command, actions: Any) -> tuple[Any, Any]:
-        """Run ``command``; ``actions`` are the action rows of its envs (shared spaces)."""
-        buffers = self.host.buffers
-        env_ids = command.env_ids
-        if actions is not None:
-            write_rows(buffers.actions, env_ids, actions)
-        reply = self.host.execute(command)
-        rows = None
-        if isinstance(command, (Step, Reset)):
-            observations = None
-            if buffers.observations is not None:
-                observations = read_rows(buffers.observations, env_ids)
-            rows = (
-                observations,
-                buffers.rewards[env_ids],
-                buffers.terminations[env_ids],
-                buffers.truncations[env_ids],
-            )
-        return reply, rows
+    async def exchange(self, command: Command | None, actions: Any) -> list[tuple[Reply, Any]]:
+        """Start ``command`` (``actions``: the action rows of its envs, for shared
+        spaces), then return ``(reply, result rows)`` of whatever finished, waiting
+        for at least one while any command is unanswered."""
+        if command is not None:
+            if actions is not None:
+                write_rows(self.host.buffers.actions, command.env_ids, actions)
+            if self._server is None:  # one after the other: the whole command now
+                reply = self.host.execute(command)
+                carries_rows = isinstance(command, (Step, Reset))
+                return [(reply, self._rows(reply.env_ids) if carries_rows else None)]
+            self._owed += len(command.env_ids)
+            self._unanswered[command.seq] = [
+                isinstance(command, (Step, Reset)),
+                len(command.env_ids),
+            ]
+            self._server.submit(command, asyncio.get_running_loop())
+        if self._progress is None:
+            self._progress = asyncio.Event()
+        while not self._outbox and self._owed:
+            self._progress.clear()
+            await self._progress.wait()
+        finished, self._outbox = self._outbox, []
+        return finished
 
-    def close(self) -> None:
-        if self.host is not None:
+    def _finished(self, reply: Reply) -> None:
+        self._owed -= len(reply.env_ids)
+        carries_rows, unanswered = entry = self._unanswered[reply.seq]
+        entry[1] = unanswered = unanswered - len(reply.env_ids)
+        if not unanswered:
+            del self._unanswered[reply.seq]
+        self._outbox.append((reply, self._rows(reply.env_ids) if carries_rows else None))
+        if self._progress is not None:
+            self._progress.set()
+
+    def _rows(self, env_ids: list[int]) -> Any:
+        """Observations, rewards and flags of ``env_ids`` after a step or reset."""
+        buffers = self.host.buffers
+        observations = None
+        if buffers.observations is not None:
+            observations = read_rows(buffers.observations, env_ids)
+        return (
+            observations,
+            buffers.rewards[env_ids],
+            buffers.terminations[env_ids],
+            buffers.truncations[env_ids],
+        )
+
+    async def close(self) -> None:
+        if self.host is None:
+            return
+        if self._server is not None:
+            await self._server.aclose(timeout=5.0)
+        else:
             self.host.close()
+        if self.host.threads is not None:
+            self.host.threads.shutdown(wait=False, cancel_futures=True)
+
+
+def _mostly_waiting(env_fn: Callable[[], Any], envs: dict[int, Any]) -> bool:
+    """Whether the envs spend their steps waiting rather than computing (so they overlap)."""
+    if any(isinstance(env, AsyncEnv) for env in envs.values()):
+        return True
+    try:
+        _, cpu_share = probe_step_time(env_fn)
+    except Exception:
+        return False  # the real commands will report what is wrong
+    return cpu_share < WAITING_CPU_SHARE
 
 
 class RayBackend(Backend):
@@ -130,7 +198,10 @@ class RayBackend(Backend):
         self._actor_class = ray.remote(num_cpus=options.pop("num_cpus", 1))(EnvActor)
         self._actor_options = options  # e.g. resources, scheduling_strategy
         self._actors: list[Any] = [None] * num_workers
-        self._in_flight: dict[Any, tuple[int, Command]] = {}  # object ref -> (worker, command)
+        self._concurrent = options.pop("concurrent_envs", None)
+        self._in_flight: dict[Any, int] = {}  # object ref -> worker
+        self._owed = [0] * num_workers  # env commands each actor has not answered yet
+        self._calls = [0] * num_workers  # exchange calls in flight, per actor
         self._futures: dict[Any, asyncio.Future] = {}
         self._dead: set[int] = set()
         self._inbox: list[Message] = []
@@ -144,8 +215,13 @@ class RayBackend(Backend):
 
     def _start(self, worker: int, restart_reason: str | None = None) -> None:
         self._actors[worker] = self._actor_class.options(**self._actor_options).remote(
-            self._factories[worker], self._autoreset_mode.value, self._max_restarts, restart_reason
+            self._factories[worker],
+            self._autoreset_mode.value,
+            self._max_restarts,
+            restart_reason,
+            self._concurrent,
         )
+        self._owed[worker] = self._calls[worker] = 0
 
     def _describe(self, worker: int) -> list[Any]:
         description = ray.get(self._actors[worker].describe.remote())
@@ -165,34 +241,44 @@ class RayBackend(Backend):
         actions = None
         if isinstance(command, Step) and command.actions is None:
             actions = read_rows(self.buffers.actions, command.env_ids)
-        ref = self._actors[worker].execute.remote(command, actions)
-        self._in_flight[ref] = (worker, command)
+        self._owed[worker] += len(command.env_ids)
+        self._call(worker, command, actions)
+
+    def _call(self, worker: int, command: Command | None, actions: Any) -> None:
+        ref = self._actors[worker].exchange.remote(command, actions)
+        self._in_flight[ref] = worker
+        self._calls[worker] += 1
 
     def _collect(self, ref: Any) -> None:
-        worker, command = self._in_flight.pop(ref)
+        worker = self._in_flight.pop(ref)
         self._futures.pop(ref, None)
         if worker in self._dead:
             return
+        self._calls[worker] -= 1
         try:
-            reply, rows = ray.get(ref)
+            finished = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             self._dead.add(worker)
-            for other in [r for r, (w, _) in self._in_flight.items() if w == worker]:
+            for other in [r for r, w in self._in_flight.items() if w == worker]:
                 del self._in_flight[other]
                 self._futures.pop(other, None)
             self._inbox.append(
                 (worker, WorkerExit(None, f"its Ray actor died: {exc}".split("\n")[0]))
             )
             return
-        if rows is not None:
-            observations, rewards, terminations, truncations = rows
-            env_ids = command.env_ids
-            if observations is not None:
-                write_rows(self.buffers.observations, env_ids, observations)
-            self.buffers.rewards[env_ids] = rewards
-            self.buffers.terminations[env_ids] = terminations
-            self.buffers.truncations[env_ids] = truncations
-        self._inbox.append((worker, reply))
+        for reply, rows in finished:
+            env_ids = reply.env_ids
+            if rows is not None:
+                observations, rewards, terminations, truncations = rows
+                if observations is not None:
+                    write_rows(self.buffers.observations, env_ids, observations)
+                self.buffers.rewards[env_ids] = rewards
+                self.buffers.terminations[env_ids] = terminations
+                self.buffers.truncations[env_ids] = truncations
+            self._owed[worker] -= len(env_ids)
+            self._inbox.append((worker, reply))
+        if self._owed[worker] and not self._calls[worker]:
+            self._call(worker, None, None)  # ask for the rest
 
     def poll(self) -> list[Message]:
         if self._in_flight:
