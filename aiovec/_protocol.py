@@ -204,10 +204,31 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     raise ValueError(f"unknown msgpack extension {code}")
 
 
+def wire_reply(reply: Reply) -> Reply:
+    """``reply`` with its arbitrary values converted by :func:`to_wire` (in place)."""
+    if reply.infos is not None:
+        reply.infos = [to_wire(info) for info in reply.infos]
+    if reply.values is not None:
+        reply.values = [to_wire(value) for value in reply.values]
+    if reply.observations is not None:
+        reply.observations = [to_wire(obs) for obs in reply.observations]
+    return reply
+
+
+def encode_reply(reply: Reply) -> bytes:
+    """``reply`` as one frame for :func:`decode_message`."""
+    return encode(wire_reply(reply))
+
+
+def decoder(kind: Any) -> msgspec.msgpack.Decoder:
+    """A decoder of ``kind`` that turns :func:`to_wire` values back into the originals."""
+    return msgspec.msgpack.Decoder(kind, ext_hook=_ext_hook)
+
+
 _numpy_header_decoder = msgspec.msgpack.Decoder(tuple[str, list[int], bool])
 _encoder = msgspec.msgpack.Encoder()
-_command_decoder = msgspec.msgpack.Decoder(Command, ext_hook=_ext_hook)
-_message_decoder = msgspec.msgpack.Decoder(Message, ext_hook=_ext_hook)
+_command_decoder = decoder(Command)
+_message_decoder = decoder(Message)
 
 encode = _encoder.encode
 decode_command = _command_decoder.decode

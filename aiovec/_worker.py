@@ -37,8 +37,8 @@ from aiovec._protocol import (
     Step,
     decode_command,
     encode,
+    encode_reply,
     merge_replies,
-    to_wire,
 )
 from aiovec.async_env import AsyncEnv
 
@@ -118,14 +118,14 @@ def _serve(connection: Channel, host: EnvHost, spin: float) -> None:
         if isinstance(command, Step) and command.stream and len(command.env_ids) > 1:
             _stream_step(send, host, command, step_times)
         else:
-            send(_encode(host.execute(command)))
+            send(encode_reply(host.execute(command)))
 
 
 async def _serve_async(connection: Channel, host: EnvHost) -> None:
     """Serve async envs: each env steps as its own task, so the worker overlaps the waits
     of all its envs (see :class:`~aiovec._async_server.AsyncEnvServer`)."""
     loop = asyncio.get_running_loop()
-    server = AsyncEnvServer(host, emit=lambda reply: connection.send(_encode(reply)))
+    server = AsyncEnvServer(host, emit=lambda reply: connection.send(encode_reply(reply)))
     stopped = loop.create_future()
 
     def on_readable() -> None:
@@ -160,24 +160,14 @@ def _stream_step(
     last_flush = time.perf_counter()
     for position, env_id in enumerate(command.env_ids):
         if done and step_times.get(env_id, STREAM_INTERVAL) >= STREAM_INTERVAL:
-            send(_encode(merge_replies(done)))
+            send(encode_reply(merge_replies(done)))
             done, last_flush = [], time.perf_counter()
         started = time.perf_counter()
         done.append(host.execute(command.subset([position])))
         now = time.perf_counter()
         step_times[env_id] = 0.8 * step_times.get(env_id, now - started) + 0.2 * (now - started)
         if now - last_flush >= STREAM_INTERVAL:
-            send(_encode(merge_replies(done)))
+            send(encode_reply(merge_replies(done)))
             done, last_flush = [], now
     if done:
-        send(_encode(merge_replies(done)))
-
-
-def _encode(reply: Reply) -> bytes:
-    if reply.infos is not None:
-        reply.infos = [to_wire(info) for info in reply.infos]
-    if reply.values is not None:
-        reply.values = [to_wire(value) for value in reply.values]
-    if reply.observations is not None:
-        reply.observations = [to_wire(obs) for obs in reply.observations]
-    return encode(reply)
+        send(encode_reply(merge_replies(done)))
