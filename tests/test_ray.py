@@ -163,5 +163,5 @@ def test_benchmark_rows_for_ray_run():
 
     result = suite.run_workload(workloads.w3(4, with_ray=True), 0.2, 1, progress=lambda _: None)
     rates = {entry.name: entry.rate for entry in result.results}
-    assert rates["aiovec ray (first-ready 2, 4 workers)"] > 0
+    assert rates["aiovec ray (first-ready 4, 1 workers)"] > 0
     assert rates["ray, one actor per env (first-ready 1)"] > 0

@@ -299,10 +299,21 @@ class RayBackend(Backend):
                 self.buffers.truncations[env_ids] = truncations
             self._owed[worker] -= len(env_ids)
             self._inbox.append((worker, reply))
-        if self._owed[worker] and not self._calls[worker]:
-            self._call(worker, None, None)  # ask for the rest
+
+    def _ask_for_the_rest(self) -> None:
+        """Make sure every actor that owes results has a call to answer them with.
+
+        Done when the agent is about to wait, not when a call returns: by then the
+        agent usually has sent new actions, and that call asks for the rest too."""
+        for worker, owed in enumerate(self._owed):
+            if owed and not self._calls[worker] and worker not in self._dead:
+                self._call(worker, None, None)
 
     def poll(self) -> list[Message]:
+        self._ask_for_the_rest()
+        return self._drain()
+
+    def _drain(self) -> list[Message]:
         # Awaited results first (already fetched), then whatever else Ray has ready.
         for ref in [ref for ref, future in self._futures.items() if future.done()]:
             self._collect(ref, self._futures[ref].result())
@@ -314,6 +325,7 @@ class RayBackend(Backend):
         return messages
 
     async def wait(self, timeout: float | None = None) -> list[Message]:
+        self._ask_for_the_rest()
         if not self._inbox and self._in_flight:
             for ref in self._in_flight:  # object refs are awaitable: one future each
                 if ref not in self._futures:
@@ -321,12 +333,13 @@ class RayBackend(Backend):
             await asyncio.wait(
                 list(self._futures.values()), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
-        return self.poll()
+        return self._drain()
 
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+        self._ask_for_the_rest()
         if not self._inbox and self._in_flight:
             ray.wait(list(self._in_flight), num_returns=1, timeout=timeout)
-        return self.poll()
+        return self._drain()
 
     # --- failures -----------------------------------------------------------------------------
 

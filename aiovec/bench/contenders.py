@@ -6,6 +6,7 @@ has in flight at the end of a window carries over to the next one.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -112,6 +113,59 @@ class AiovecFirstReady(Contender):
 
     def close(self) -> None:
         self._loop.run_until_complete(self.env.aclose())
+        self._loop.close()
+
+
+class BareAsyncioFloor(Contender):
+    """Not a vector env: ``num_envs`` bare tasks on one event loop, each sleeping the
+    env's lognormal step time, handing its index to a consumer and waiting for the
+    next go. What one loop on one core can do before any env runtime is added: the
+    floor that async-env throughput is measured against."""
+
+    library = "asyncio"
+
+    def __init__(self, mean: float, sigma: float, max_step_time: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mu, self.sigma, self.max_step_time = np.log(mean) - sigma**2 / 2, sigma, max_step_time
+        self.name = "bare asyncio tasks, one loop (floor: no env runtime)"
+
+    def start(self) -> None:
+        self._loop = aiovec.new_event_loop()
+        self._ready: list[int] = []
+        self._go: list[Any] = [None] * self.num_envs
+        self._wakeup: Any = None
+        self._tasks = [self._loop.create_task(self._env(i)) for i in range(self.num_envs)]
+
+    async def _env(self, index: int) -> None:
+        rng, loop = np.random.default_rng(index), asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(rng.lognormal(self.mu, self.sigma), self.max_step_time))
+            self._ready.append(index)
+            if self._wakeup is not None and not self._wakeup.done():
+                self._wakeup.set_result(None)
+            go = self._go[index] = loop.create_future()
+            await go
+
+    def run(self, seconds: float) -> int:
+        return self._loop.run_until_complete(self._run(seconds))
+
+    async def _run(self, seconds: float) -> int:
+        steps, clock = 0, time.perf_counter
+        deadline = clock() + seconds
+        while clock() < deadline:
+            if not self._ready:
+                self._wakeup = self._loop.create_future()
+                await self._wakeup
+            ready, self._ready = self._ready, []
+            steps += len(ready)
+            for index in ready:
+                self._go[index].set_result(None)
+        return steps
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
         self._loop.close()
 
 

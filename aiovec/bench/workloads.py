@@ -12,6 +12,7 @@ import gymnasium as gym
 
 from aiovec.bench.contenders import (
     AiovecFirstReady,
+    BareAsyncioFloor,
     Contender,
     EnvFn,
     RayActorPerEnv,
@@ -115,9 +116,10 @@ def _latency_workload(
             result.append(SB3Lockstep("SubprocVecEnv", **common))
         if with_ray and ray_available():
             ensure_ray()
-            # one env per actor, actors taking no CPU reservation: the envs mostly sleep
-            ray_options = {"num_workers": num_envs, "ray_options": {"num_cpus": 0}}
-            result.append(AiovecFirstReady(num_envs // 2, {"backend": "ray", **ray_options},
+            # one actor stepping all its envs concurrently (they mostly sleep), taking
+            # no CPU reservation; the agent takes whatever is ready
+            ray_options = {"num_workers": 1, "ray_options": {"num_cpus": 0}}
+            result.append(AiovecFirstReady(num_envs, {"backend": "ray", **ray_options},
                                            **common))  # fmt: skip
             result.append(RayActorPerEnv(**common))
         return result
@@ -204,6 +206,7 @@ def w6(num_envs: int = 1000) -> Workload:
                 env_fn=SyncEnvAdapter.factory(env_fn),
                 **common,
             ),
+            BareAsyncioFloor(mean, 1.0, 1.0, env_fn=env_fn, **common),
         ]
 
     return Workload(
