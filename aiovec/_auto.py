@@ -7,7 +7,9 @@ its step time and the share of that time spent on the CPU:
   cross-process round trip costs, run inline (IPC cannot pay for itself);
 - envs that mostly wait (sleep, IO) get one worker per env, up to a cap, because
   waiting costs no core;
-- async envs (:class:`aiovec.AsyncEnv`) run as coroutines on the event loop;
+- async envs (:class:`aiovec.AsyncEnv`) run as coroutines on the event loop, or, by
+  the thousands on a machine with several cores, on one event loop per core in
+  worker processes (one loop saturates its core well before 10,000 envs);
 - CPU-bound envs are split evenly between ``cores - 1`` workers and this process,
   which steps its share while the workers step theirs (no core sleeps through a
   wake-up).
@@ -27,6 +29,8 @@ from aiovec.async_env import AsyncEnv
 #: Cost of one lockstep round trip through the process backend (seconds), a conservative
 #: figure for a loaded 2-core machine; `aiovec bench` measures the real one.
 IPC_ROUND_TRIP = 150e-6
+#: From this many async envs on, one event loop per core beats one loop for all (W6).
+MANY_ASYNC_ENVS = 2000
 #: Below this CPU share of the step time, an env counts as waiting (IO-bound).
 WAITING_CPU_SHARE = 0.25
 MAX_WAITING_WORKERS = 64
@@ -70,6 +74,8 @@ def choose_backend(env_fn: Callable[[], gym.Env], num_envs: int) -> dict[str, An
     try:
         step_time, cpu_share = probe_step_time(env_fn)
     except _AsyncEnvFound:
+        if num_envs >= MANY_ASYNC_ENVS and cores > 1:
+            return {"backend": "process", "num_workers": cores}
         return {"backend": "coroutine"}
     except Exception:
         return {"backend": "process"}

@@ -63,6 +63,18 @@ def test_auto_backend_follows_the_cost_of_a_step():
             assert venv.inline_envs == 8 // min(8, cores)
 
 
+def test_auto_backend_for_async_envs_uses_one_loop_per_core_for_thousands():
+    from aiovec._auto import MANY_ASYNC_ENVS, choose_backend
+    from aiovec.envs import AsyncLatencyEnv
+
+    assert choose_backend(AsyncLatencyEnv, 10) == {"backend": "coroutine"}
+    cores = os.cpu_count() or 1
+    expected = (
+        {"backend": "process", "num_workers": cores} if cores > 1 else {"backend": "coroutine"}
+    )
+    assert choose_backend(AsyncLatencyEnv, MANY_ASYNC_ENVS) == expected
+
+
 def test_vec_env_accepts_auto_and_a_given_worker_count_wins():
     env_fn = partial(VariableLatencyEnv, mean_step_time=0.005, sigma=0.1)
     with aiovec.VecEnv([env_fn] * 3, backend="auto") as venv:
