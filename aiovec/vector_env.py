@@ -83,8 +83,10 @@ class VecEnv(VectorEnv):
         max_restarts: with ``on_failure="restart"``, how many failures in a row an env
             (or a worker) may have before the error is raised after all.
         ray_options: Ray backend: ``address`` (for ``ray.init``, used only when Ray is not
-            initialized yet), ``num_cpus`` per actor (default 1), ``init_kwargs``, and any
-            other actor option (``resources``, ``scheduling_strategy``, ...).
+            initialized yet), ``num_cpus`` per actor (default 1), ``init_kwargs``,
+            ``concurrent_envs`` (step an actor's envs concurrently, answering first-ready:
+            default ``None`` probes whether the envs mostly wait; async envs always are),
+            and any other actor option (``resources``, ``scheduling_strategy``, ...).
         step_timeout: seconds an env may take to answer a command; past that
             :class:`aiovec.StepTimeoutError` names the late envs. The process and Ray
             backends kill the late env's worker (with ``"restart"``: rebuild it); the

@@ -1,10 +1,14 @@
 """Ray backend: groups of envs hosted in Ray actors, for more cores than one machine has.
 
 Each actor runs an ``EnvHost`` over its group (several envs per actor, like a worker
-process) and answers a command with one payload: the reply plus the result rows of its
-envs as numpy arrays. The agent's event loop awaits the actors' object refs directly, so
-first-ready works across actors without polling. A dead actor (``ray.kill``, a crashed
-node) is reported like a dead worker process, and the restart policy rebuilds it.
+process). The agent talks to an actor through one method, ``exchange``: it carries a
+command (if any) and returns the replies and result rows (numpy arrays) of whatever
+envs finished, as one msgpack payload. Envs that mostly wait are stepped concurrently
+inside the actor, so its fast envs answer while slow ones still run; an actor owing
+results always has an ``exchange`` call in flight to answer with. The agent's event
+loop awaits the actors' object refs directly, so first-ready works across actors
+without polling. A dead actor (``ray.kill``, a crashed node) is reported like a dead
+worker process, and the restart policy rebuilds it.
 
 aiovec calls ``ray.init`` only when Ray is not initialized yet (and then shuts it down
 on ``close``); connect to a cluster with ``ray_options={"address": "ray://..."}`` or by

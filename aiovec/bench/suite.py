@@ -87,6 +87,8 @@ def run_workload(
         for round_index in range(repeats):
             for contender in started:
                 progress(f"{workload.key}: {contender.name} ({round_index + 1}/{repeats})")
+                if workload.settle:
+                    contender.run(workload.settle)
                 cpu_before, clock_before = system.tree_cpu_seconds(), time.perf_counter()
                 steps = contender.run(seconds)
                 elapsed = time.perf_counter() - clock_before
