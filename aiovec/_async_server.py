@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiovec._host import EnvHost, StepOutcome, error_info
 from aiovec._protocol import Command, Reply, Step, merge_replies
@@ -101,7 +102,8 @@ class AsyncEnvServer:
                 while queue:
                     command, position = queue[0]
                     if self._step_timeout is None:
-                        await self._execute(env_id, command, position, loop)
+                        result = await self._start(env_id, command, position)
+                        self._finish(command, position, result, loop)
                     else:
                         await self._execute_in_time(env_id, command, position, loop)
                     queue.popleft()
@@ -117,34 +119,44 @@ class AsyncEnvServer:
             if self.runners.get(env_id) is asyncio.current_task():
                 del self.runners[env_id]
 
-    async def _execute(
-        self, env_id: int, command: Command, position: int, loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def _start(self, env_id: int, command: Command, position: int) -> Awaitable[Any]:
+        """The host's coroutine for env ``env_id``'s part of ``command`` (awaited by the
+        runner itself: one coroutine frame less on every resume of the env)."""
         host = self.host
         if type(command) is Step:
             actions = command.actions  # set for action spaces not in shared memory
             action = (
                 read_row(host.buffers.actions, env_id) if actions is None else actions[position]
             )
-            self._step_done(command.seq, await host.step_async(env_id, action), loop)
+            return host.step_async(env_id, action)
+        return host.execute_async(command.subset([position]))
+
+    def _finish(
+        self, command: Command, position: int, result: Any, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        if type(command) is Step:
+            self._step_done(command.seq, result, loop)
         else:
-            self._part_done(command, position, await host.execute_async(command.subset([position])))
+            self._part_done(command, position, result)
 
     async def _execute_in_time(
         self, env_id: int, command: Command, position: int, loop: asyncio.AbstractEventLoop
     ) -> None:
-        """:meth:`_execute`, cancelled after ``step_timeout``: the command then fails."""
+        """Run env ``env_id``'s part of ``command``, cancelled after ``step_timeout``:
+        the command then fails with :class:`aiovec.StepTimeoutError`."""
         timeout = self._step_timeout
         timer = loop.call_later(timeout, self._expire, env_id)
         try:
-            await self._execute(env_id, command, position, loop)
-            return
+            result = await self._start(env_id, command, position)
         except asyncio.CancelledError:
             if env_id not in self._expired:
                 raise  # shutting down, not a late env
             task = asyncio.current_task()
             if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled
                 task.uncancel()
+        else:
+            self._finish(command, position, result, loop)
+            return
         finally:
             timer.cancel()
             self._expired.discard(env_id)

@@ -108,14 +108,19 @@ async def test_first_ready_across_actors():
         assert sorted(rest.env_ids.tolist()) == [0, 1]
 
 
-@CONCURRENCY
-def test_killed_actor_raises_under_raise_policy(concurrent):
-    venv = aiovec.VecEnv(
+def counter_envs_in_two_actors(concurrent: bool, **options) -> aiovec.VecEnv:
+    return aiovec.VecEnv(
         [partial(CounterEnv, i) for i in range(4)],
         backend="ray",
         num_workers=2,
         ray_options={"concurrent_envs": concurrent},
+        **options,
     )
+
+
+@CONCURRENCY
+def test_killed_actor_raises_under_raise_policy(concurrent):
+    venv = counter_envs_in_two_actors(concurrent)
     venv.reset()
     ray.kill(venv._backend._actors[1], no_restart=True)
     with pytest.raises(aiovec.WorkerCrashedError, match=r"worker 1 hosting envs \[2, 3\]"):
@@ -127,13 +132,7 @@ def test_killed_actor_raises_under_raise_policy(concurrent):
 
 @CONCURRENCY
 def test_killed_actor_is_rebuilt_under_restart_policy(concurrent):
-    venv = aiovec.VecEnv(
-        [partial(CounterEnv, i) for i in range(4)],
-        backend="ray",
-        num_workers=2,
-        on_failure="restart",
-        ray_options={"concurrent_envs": concurrent},
-    )
+    venv = counter_envs_in_two_actors(concurrent, on_failure="restart")
     venv.reset()
     venv.step(np.zeros(4, dtype=np.int64))
     ray.kill(venv._backend._actors[1], no_restart=True)
