@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -11,6 +12,7 @@ import numpy as np
 from tests.envs import CounterEnv
 
 FAULTS = ("raise", "exit", "sigkill", "sigsegv", "hang")
+_instances = itertools.count()  # envs built in this process
 
 
 class FaultyEnv(CounterEnv):
@@ -28,7 +30,9 @@ class FaultyEnv(CounterEnv):
         assert fault in FAULTS, fault
         self.fault, self.at_step, self.rate = fault, at_step, rate
         self.steps_since_built = 0
-        self._fault_rng = np.random.default_rng([env_index, os.getpid()])
+        # A rebuilt env must not replay its predecessor's draws: a fresh env whose first
+        # draw fails would otherwise fail the same way on every rebuild (a false crash loop).
+        self._fault_rng = np.random.default_rng([env_index, os.getpid(), next(_instances)])
 
     def step(self, action):
         self.steps_since_built += 1
