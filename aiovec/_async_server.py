@@ -18,7 +18,6 @@ from typing import Any
 
 from aiovec._host import EnvHost, StepOutcome, error_info
 from aiovec._protocol import Command, Reply, Step, merge_replies
-from aiovec._spaces import read_row
 from aiovec.errors import StepTimeoutError
 
 
@@ -122,14 +121,9 @@ class AsyncEnvServer:
     def _start(self, env_id: int, command: Command, position: int) -> Awaitable[Any]:
         """The host's coroutine for env ``env_id``'s part of ``command`` (awaited by the
         runner itself: one coroutine frame less on every resume of the env)."""
-        host = self.host
         if type(command) is Step:
-            actions = command.actions  # set for action spaces not in shared memory
-            action = (
-                read_row(host.buffers.actions, env_id) if actions is None else actions[position]
-            )
-            return host.step_async(env_id, action)
-        return host.execute_async(command.subset([position]))
+            return self.host.step_async(env_id, self.host.action_of(command, position))
+        return self.host.execute_async(command.subset([position]))
 
     def _finish(
         self, command: Command, position: int, result: Any, loop: asyncio.AbstractEventLoop
@@ -189,19 +183,7 @@ class AsyncEnvServer:
         self._flush_scheduled = False
         finished, self._finished_steps = self._finished_steps, {}
         for seq, outcomes in finished.items():
-            env_ids = [outcome.env_id for outcome in outcomes]
-            infos = [outcome.info for outcome in outcomes]
-            errors = [outcome.error for outcome in outcomes if outcome.error is not None]
-            self._emit(
-                Reply(
-                    seq=seq,
-                    env_ids=env_ids,
-                    infos=infos if any(infos) else None,
-                    observations=self.host.observations_of(env_ids),
-                    errors=errors or None,
-                    progressed=any(outcome.progressed for outcome in outcomes),
-                )
-            )
+            self._emit(self.host.step_reply(seq, outcomes))
 
     def _part_done(self, command: Command, position: int, reply: Reply) -> None:
         parts = self._gathering[command.seq]

@@ -118,35 +118,80 @@ class EnvHost:
     # Every env operation is a *flow*: a generator that yields requests (functions of the
     # env) and receives their results. ``execute`` runs flows against envs synchronously,
     # ``execute_async`` awaits what async envs return: one implementation of resets,
-    # autoreset, restarts and result writing for both kinds of env.
+    # autoreset, restarts and result writing for both kinds of env. Steps, the hot path,
+    # enter a flow only when there is more to do than ``env.step`` and writing results.
 
     def execute(self, command: Command) -> Reply:
         """Run ``command`` on each of its envs and describe the outcome."""
+        if type(command) is Step:
+            return self.step_reply(
+                command.seq,
+                [
+                    self.step(env_id, self.action_of(command, position))
+                    for position, env_id in enumerate(command.env_ids)
+                ],
+            )
         results: list[Any] = [None] * len(command.env_ids)
         errors: list[ErrorInfo] = []
-        self._progressed = not isinstance(command, Step)  # a step must prove it
         for position, env_id in enumerate(command.env_ids):
             operation, flow = self._flow(command, position)
             try:
                 results[position] = self._drive(env_id, flow)
             except Exception as exc:
-                try:
-                    if not isinstance(command, Step):
-                        raise
-                    results[position] = self._drive(env_id, self._recover_flow(env_id, exc))
-                except Exception as final:
-                    errors.append(error_info(env_id, operation, final))
+                errors.append(error_info(env_id, operation, exc))
         return self._reply(command, results, errors)
 
-    async def step_async(self, env_id: int, action: Any) -> StepOutcome:
-        """Step env ``env_id`` (whose ``step`` may return an awaitable).
+    async def execute_async(self, command: Command) -> Reply:
+        """:meth:`execute` for envs whose methods may return awaitables."""
+        if type(command) is Step:
+            return self.step_reply(
+                command.seq,
+                [
+                    await self.step_async(env_id, self.action_of(command, position))
+                    for position, env_id in enumerate(command.env_ids)
+                ],
+            )
+        results: list[Any] = [None] * len(command.env_ids)
+        errors: list[ErrorInfo] = []
+        for position, env_id in enumerate(command.env_ids):
+            operation, flow = self._flow(command, position)
+            try:
+                results[position] = await self._drive_async(env_id, flow)
+            except Exception as exc:
+                errors.append(error_info(env_id, operation, exc))
+        return self._reply(command, results, errors)
 
-        The same outcome as :meth:`execute_async` on a one-env ``Step``, without the
-        per-command bookkeeping: the hot path of async envs, thousands per loop.
-        """
-        stepped = env_id not in self._restart_notices and not (
-            self._next_step and self._needs_reset[env_id]
-        )
+    def action_of(self, command: Step, position: int) -> Any:
+        """The action ``command`` carries for the env at ``position``."""
+        if command.actions is None:  # in shared memory
+            return read_row(self.buffers.actions, command.env_ids[position])
+        return command.actions[position]
+
+    # Stepping one env. ``step`` and ``step_async`` are twins (Python cannot share a body
+    # between a function and a coroutine): keep them in step.
+
+    def step(self, env_id: int, action: Any) -> StepOutcome:
+        """Step env ``env_id``: its info, or the error it raised (after the restart
+        policy had its say)."""
+        stepped = self._plain_step(env_id)
+        try:
+            if stepped:
+                result = self.envs[env_id].step(action)
+                observation, reward, terminated, truncated, info = result
+                if self._same_step and (terminated or truncated):
+                    info = self._drive(env_id, self._stepped_flow(env_id, result))
+                else:  # no autoreset to run: no flow to drive
+                    self._record_step(env_id, observation, reward, terminated, truncated)
+            else:
+                info = self._drive(env_id, self._unplain_step_flow(env_id))
+        except Exception as exc:
+            return self._recover(env_id, exc)
+        return StepOutcome(env_id, info, None, stepped)
+
+    async def step_async(self, env_id: int, action: Any) -> StepOutcome:
+        """:meth:`step` for envs whose ``step`` may return an awaitable (or, with
+        :attr:`threads`, blocking envs stepped in a thread): thousands per loop."""
+        stepped = self._plain_step(env_id)
         try:
             if stepped:
                 if self.threads is None:
@@ -161,19 +206,48 @@ class EnvHost:
                 else:  # no autoreset to run: no flow to drive
                     self._record_step(env_id, observation, reward, terminated, truncated)
             else:
-                info = await self._drive_async(env_id, self._step_flow(env_id, action))
+                info = await self._drive_async(env_id, self._unplain_step_flow(env_id))
         except Exception as exc:
             return await self.recover_async(env_id, exc)
         return StepOutcome(env_id, info, None, stepped)
 
-    async def recover_async(self, env_id: int, exc: Exception) -> StepOutcome:
+    def _plain_step(self, env_id: int) -> bool:
+        """Whether env ``env_id``'s next step is a real ``env.step`` (not a restart notice
+        or the reset that NEXT_STEP autoreset owes)."""
+        return env_id not in self._restart_notices and not (
+            self._next_step and self._needs_reset[env_id]
+        )
+
+    def _recover(self, env_id: int, exc: Exception) -> StepOutcome:
         """The outcome of a step of env ``env_id`` that failed with ``exc``: the env
         rebuilt and reset (restart policy), or ``exc`` reported."""
+        try:
+            info = self._drive(env_id, self._recover_flow(env_id, exc))
+        except Exception as final:
+            return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
+        return StepOutcome(env_id, info, None, False)
+
+    async def recover_async(self, env_id: int, exc: Exception) -> StepOutcome:
+        """:meth:`_recover` for envs whose methods may return awaitables."""
         try:
             info = await self._drive_async(env_id, self._recover_flow(env_id, exc))
         except Exception as final:
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
         return StepOutcome(env_id, info, None, False)
+
+    def step_reply(self, seq: int, outcomes: list[StepOutcome]) -> Reply:
+        """The reply to step ``seq`` for the envs of ``outcomes``, in their order."""
+        env_ids = [outcome.env_id for outcome in outcomes]
+        infos = [outcome.info for outcome in outcomes]
+        errors = [outcome.error for outcome in outcomes if outcome.error is not None]
+        return Reply(
+            seq=seq,
+            env_ids=env_ids,
+            infos=infos if any(infos) else None,
+            observations=self.observations_of(env_ids),
+            errors=errors or None,
+            progressed=any(outcome.progressed for outcome in outcomes),
+        )
 
     def _in_thread(self, function: Callable[..., Any], *args: Any) -> asyncio.Future:
         return asyncio.get_running_loop().run_in_executor(self.threads, function, *args)
@@ -184,25 +258,6 @@ class EnvHost:
         if self._observations is None:
             return None
         return [self._observations.get(env_id) for env_id in env_ids]
-
-    async def execute_async(self, command: Command) -> Reply:
-        """:meth:`execute` for envs whose methods may return awaitables."""
-        results: list[Any] = [None] * len(command.env_ids)
-        errors: list[ErrorInfo] = []
-        self._progressed = not isinstance(command, Step)
-        for position, env_id in enumerate(command.env_ids):
-            operation, flow = self._flow(command, position)
-            try:
-                results[position] = await self._drive_async(env_id, flow)
-            except Exception as exc:
-                try:
-                    if not isinstance(command, Step):
-                        raise
-                    recovery = self._recover_flow(env_id, exc)
-                    results[position] = await self._drive_async(env_id, recovery)
-                except Exception as final:
-                    errors.append(error_info(env_id, operation, final))
-        return self._reply(command, results, errors)
 
     def _drive(self, env_id: int, flow: Flow) -> Any:
         try:
@@ -236,15 +291,9 @@ class EnvHost:
             return finished.value
 
     def _flow(self, command: Command, position: int) -> tuple[str, Flow]:
-        """``(operation name, flow)`` for the env at ``position`` of ``command``."""
+        """``(operation name, flow)`` for the env at ``position`` of ``command`` (any
+        command but a step)."""
         env_id = command.env_ids[position]
-        if isinstance(command, Step):
-            action = (
-                read_row(self.buffers.actions, env_id)
-                if command.actions is None
-                else command.actions[position]
-            )
-            return "step", self._step_flow(env_id, action)
         if isinstance(command, Reset):
             options = command.options[position] if command.per_env_options else command.options
             return "reset", self._reset_flow(env_id, command.seeds[position], options)
@@ -258,16 +307,14 @@ class EnvHost:
 
     def _reply(self, command: Command, results: list[Any], errors: list[ErrorInfo]) -> Reply:
         env_ids = command.env_ids
-        is_env_data = isinstance(command, (Step, Reset))
-        observations = self.observations_of(env_ids) if is_env_data else None
+        is_reset = isinstance(command, Reset)
         return Reply(
             seq=command.seq,
             env_ids=env_ids,
-            infos=results if is_env_data and any(results) else None,
+            infos=results if is_reset and any(results) else None,
             values=results if isinstance(command, Call) else None,
-            observations=observations,
+            observations=self.observations_of(env_ids) if is_reset else None,
             errors=errors or None,
-            progressed=self._progressed,
         )
 
     def notify_restart(self, reason: str, env_ids: list[int] | None = None) -> None:
@@ -310,18 +357,14 @@ class EnvHost:
         self._needs_reset[env_id] = self._next_step
         return {**info, "restarted": True, "restart_reason": reason}
 
-    def _step_flow(self, env_id: int, action: Any) -> Flow:
-        if self._restart_notices:
-            reason = self._restart_notices.pop(env_id, None)
-            if reason is not None:
-                return (yield from self._restarted_flow(env_id, reason))
-        if self._next_step and self._needs_reset[env_id]:
-            observation, info = yield _RESET
-            self._write_results(env_id, observation, 0.0, False, False)
-            return info
-        result = yield methodcaller("step", action)
-        info = yield from self._stepped_flow(env_id, result)
-        self._progressed = True  # a real step went through
+    def _unplain_step_flow(self, env_id: int) -> Flow:
+        """A step that is no ``env.step``: the restart notice of a rebuilt env, or the
+        reset that NEXT_STEP autoreset owes after an episode end."""
+        reason = self._restart_notices.pop(env_id, None)
+        if reason is not None:
+            return (yield from self._restarted_flow(env_id, reason))
+        observation, info = yield _RESET
+        self._write_results(env_id, observation, 0.0, False, False)
         return info
 
     def _stepped_flow(self, env_id: int, result: tuple) -> Flow:
