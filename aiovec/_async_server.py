@@ -1,8 +1,8 @@
 """Runs commands on async envs, each env as a task of the running event loop.
 
-One implementation for both places async envs live: the coroutine backend (the agent's
-own loop) and a subprocess worker (one loop per worker). Commands to one env run in
-order; different envs overlap their waits. Step results are answered as envs finish,
+One implementation for every place envs are stepped concurrently: the coroutine backend
+(the agent's own loop), a subprocess worker hosting async envs (one loop per worker),
+and a Ray actor whose envs mostly wait. Commands to one env run in order; different envs overlap their waits. Step results are answered as envs finish,
 gathered into one reply per command per loop iteration, so a thousand envs that wake
 together cost one message, not a thousand. Other commands answer once all their envs
 are done.
