@@ -2,10 +2,10 @@
 
 One implementation for every place envs are stepped concurrently: the coroutine backend
 (the agent's own loop), a subprocess worker hosting async envs (one loop per worker),
-and a Ray actor whose envs mostly wait. Commands to one env run in order; different envs overlap their waits. Step results are answered as envs finish,
-gathered into one reply per command per loop iteration, so a thousand envs that wake
-together cost one message, not a thousand. Other commands answer once all their envs
-are done.
+and a Ray actor whose envs mostly wait. Commands to one env run in order; different
+envs overlap their waits. Step results are answered as envs finish, gathered into one
+reply per command per loop iteration, so a thousand envs that wake together cost one
+message, not a thousand. Other commands answer once all their envs are done.
 """
 
 from __future__ import annotations

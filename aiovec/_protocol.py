@@ -162,6 +162,8 @@ class Hello(msgspec.Struct, array_like=True, tag=True):
 
     spaces: bytes = b""  # pickled [(observation_space, action_space, metadata, render_mode, spec)]
     error: Union[ErrorInfo, None] = None
+    #: The envs are async envs: the worker cancels a late env's command itself.
+    async_envs: bool = False
 
 
 Message = Union[Reply, Hello]

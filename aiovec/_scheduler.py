@@ -169,7 +169,10 @@ class Scheduler:
                 if remaining <= 0:
                     raise TimeoutError(f"no result within {timeout} s")
             if self.step_timeout is not None and self._tickets:
-                expires = min(t.sent_at for t in self._tickets.values()) + self.step_timeout
+                expires = min(
+                    ticket.sent_at + self._kill_after(ticket.worker)
+                    for ticket in self._tickets.values()
+                )
                 if expires <= now:
                     self._kill_late_workers(now)
                     expires = now + 0.05  # the kill is reported through the sentinel
@@ -179,9 +182,17 @@ class Scheduler:
             else:
                 self.dispatch(await self.backend.wait(remaining))
 
+    def _kill_after(self, worker: int) -> float:
+        """Seconds after which a command still unanswered gets ``worker`` killed."""
+        if self.backend.cancels_late_envs(worker):
+            # It answers for its late envs at step_timeout; killing is the backstop for a
+            # worker too busy to do so (an async env that blocks its loop).
+            return self.step_timeout + max(1.0, self.step_timeout)
+        return self.step_timeout
+
     def _kill_late_workers(self, now: float) -> None:
         for ticket in self._tickets.values():
-            late = now - ticket.sent_at >= self.step_timeout
+            late = now - ticket.sent_at >= self._kill_after(ticket.worker)
             if late and ticket.worker not in self._timed_out:
                 self._timed_out[ticket.worker] = ticket.env_ids
                 self.backend.kill(ticket.worker)

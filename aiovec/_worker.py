@@ -62,8 +62,14 @@ def worker_main(
     spin: float = 0.0,
     max_restarts: int = 0,
     restart_reason: str | None = None,
+    step_timeout: float | None = None,
 ) -> None:
-    """Entry point of a worker process; returns when the parent says so or goes away."""
+    """Entry point of a worker process; returns when the parent says so or goes away.
+
+    A worker of async envs cancels an env's command that takes longer than
+    ``step_timeout`` on its own (the others go on); blocking envs cannot be interrupted
+    from inside, so the parent kills their worker instead.
+    """
     _die_with_parent()
     connection = Channel(sock)
     # Ctrl-C belongs to the agent's process, which then closes us in order.
@@ -83,10 +89,10 @@ def worker_main(
         )
         if restart_reason is not None:  # this worker replaces one that failed
             host.notify_restart(restart_reason)
+        async_envs = any(isinstance(env, AsyncEnv) for env in envs.values())
         try:
-            connection.send(
-                encode(Hello(spaces=cloudpickle.dumps([describe(env) for env in envs.values()])))
-            )
+            descriptions = cloudpickle.dumps([describe(env) for env in envs.values()])
+            connection.send(encode(Hello(spaces=descriptions, async_envs=async_envs)))
             # The region lives until this process exits; the kernel frees it after the last user.
             region_fd = connection.receive_fd()
             observation_space, action_space, num_envs, size = pickle.loads(connection.receive())
@@ -94,8 +100,8 @@ def worker_main(
             host.attach(
                 build_buffers(observation_space, action_space, num_envs, region.allocator())
             )
-            if any(isinstance(env, AsyncEnv) for env in envs.values()):
-                new_event_loop().run_until_complete(_serve_async(connection, host))
+            if async_envs:
+                new_event_loop().run_until_complete(_serve_async(connection, host, step_timeout))
             else:
                 _serve(connection, host, spin)
         finally:
@@ -121,11 +127,13 @@ def _serve(connection: Channel, host: EnvHost, spin: float) -> None:
             send(encode_reply(host.execute(command)))
 
 
-async def _serve_async(connection: Channel, host: EnvHost) -> None:
+async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float | None) -> None:
     """Serve async envs: each env steps as its own task, so the worker overlaps the waits
     of all its envs (see :class:`~aiovec._async_server.AsyncEnvServer`)."""
     loop = asyncio.get_running_loop()
-    server = AsyncEnvServer(host, emit=lambda reply: connection.send(encode_reply(reply)))
+    server = AsyncEnvServer(
+        host, emit=lambda reply: connection.send(encode_reply(reply)), step_timeout=step_timeout
+    )
     stopped = loop.create_future()
 
     def on_readable() -> None:

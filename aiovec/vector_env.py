@@ -88,10 +88,12 @@ class VecEnv(VectorEnv):
             default ``None`` probes whether the envs mostly wait; async envs always are),
             and any other actor option (``resources``, ``scheduling_strategy``, ...).
         step_timeout: seconds an env may take to answer a command; past that
-            :class:`aiovec.StepTimeoutError` names the late envs. The process and Ray
-            backends kill the late env's worker (with ``"restart"``: rebuild it); the
-            coroutine backend cancels the late env's command alone (with ``"restart"``:
-            rebuilds that env) while the other envs go on.
+            :class:`aiovec.StepTimeoutError` names the late envs. Async envs (coroutine
+            backend, or async envs in worker processes) have the late env's command
+            cancelled alone (with ``"restart"``: that env is rebuilt) while the other
+            envs go on; a worker whose loop is blocked is killed a grace period later.
+            Blocking envs cannot be interrupted from inside: the process and Ray
+            backends kill the late env's worker (with ``"restart"``: rebuild it).
 
     Raises:
         aiovec.EnvError: an env factory raised (names the env index).
@@ -177,6 +179,7 @@ class VecEnv(VectorEnv):
                 spin=spin,
                 inline_envs=inline_envs,
                 max_restarts=restarts,
+                step_timeout=step_timeout,
             )
         self.backend = backend
         #: Worker processes (process backend) or actors (Ray); 0 when envs run here.

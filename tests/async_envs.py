@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 from gymnasium import spaces
@@ -28,12 +29,14 @@ class AsyncCounterEnv(AsyncEnv):
         hang_at: int | None = None,
         reset_delay: float = 0.0,
         yields: int = 0,
+        block_at: int | None = None,
     ) -> None:
         self.env_index, self.delay, self.mean_delay = env_index, delay, mean_delay
         self.episode_length, self.fail_at, self.hang_at = episode_length, fail_at, hang_at
         self.count = 0
         self.reset_delay = reset_delay
         self.yields = yields  # loop iterations each step takes (orders envs finishing together)
+        self.block_at = block_at  # a step that blocks the whole event loop (a badly written env)
         self.steps_since_built = 0
         self.closed = False
 
@@ -51,6 +54,8 @@ class AsyncCounterEnv(AsyncEnv):
             raise ConnectionError(f"simulator {self.env_index} dropped the connection")
         if self.steps_since_built == self.hang_at:
             await asyncio.Event().wait()  # never set
+        if self.steps_since_built == self.block_at:
+            time.sleep(3600)
         if self.mean_delay is not None:
             sigma = 1.0
             delay = self.np_random.lognormal(np.log(self.mean_delay) - sigma**2 / 2, sigma)

@@ -90,9 +90,19 @@ async def test_raising_env_is_reported_and_the_others_keep_going():
         assert batch.env_ids.tolist() == [0]
 
 
-async def test_hanging_env_is_cancelled_alone_after_step_timeout():
+# Async envs are cancelled alone on both backends that run them on a loop: the
+# coroutine backend, and a worker process (which is then neither killed nor restarted).
+ONE_LOOP = pytest.mark.parametrize(
+    "options",
+    [{"backend": "coroutine"}, {"backend": "process", "num_workers": 1}],
+    ids=["coroutine", "worker"],
+)
+
+
+@ONE_LOOP
+async def test_hanging_env_is_cancelled_alone_after_step_timeout(options):
     env_fns = [partial(AsyncCounterEnv, 0, delay=0.01), partial(AsyncCounterEnv, 1, hang_at=1)]
-    async with aiovec.VecEnv(env_fns, backend="coroutine", step_timeout=0.3) as venv:
+    async with aiovec.VecEnv(env_fns, step_timeout=0.3, **options) as venv:
         await venv.areset()
         venv.send([0, 0])
         first = await venv.recv()
@@ -101,11 +111,25 @@ async def test_hanging_env_is_cancelled_alone_after_step_timeout():
         with pytest.raises(aiovec.StepTimeoutError, match=r"envs \[1\] did not answer"):
             while True:
                 await venv.recv()
+        assert not any(venv.worker_restarts)
+        _, rewards, *_ = await venv.astep([0, 0])  # both envs still step
+        assert rewards.tolist() == [3.0, 1.0]
 
 
-async def test_a_hanging_reset_is_cancelled_alone_and_the_env_stays_usable():
+async def test_a_worker_whose_async_env_blocks_its_loop_is_killed_as_a_backstop():
+    env_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, block_at=1)]
+    async with aiovec.VecEnv(env_fns, backend="process", num_workers=1, step_timeout=0.3) as venv:
+        await venv.areset()
+        started = time.monotonic()
+        with pytest.raises(aiovec.StepTimeoutError, match=r"worker 0 hosting envs \[0, 1\]"):
+            await venv.astep([0, 0])
+        assert time.monotonic() - started < 10  # killed after step_timeout + a grace
+
+
+@ONE_LOOP
+async def test_a_hanging_reset_is_cancelled_alone_and_the_env_stays_usable(options):
     env_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, reset_delay=60)]
-    async with aiovec.VecEnv(env_fns, backend="coroutine", step_timeout=0.3) as venv:
+    async with aiovec.VecEnv(env_fns, step_timeout=0.3, **options) as venv:
         with pytest.raises(aiovec.StepTimeoutError, match=r"envs \[1\] did not answer") as caught:
             await venv.areset()
         assert caught.value.timed_out == [1] and caught.value.worker_index is None
@@ -114,11 +138,10 @@ async def test_a_hanging_reset_is_cancelled_alone_and_the_env_stays_usable():
         assert observations.tolist() == [[0, 0], [1, 0]]
 
 
-async def test_restart_policy_rebuilds_a_failing_async_env():
+@ONE_LOOP
+async def test_restart_policy_rebuilds_a_failing_async_env(options):
     env_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, hang_at=2)]
-    async with aiovec.VecEnv(
-        env_fns, backend="coroutine", on_failure="restart", step_timeout=0.3
-    ) as venv:
+    async with aiovec.VecEnv(env_fns, on_failure="restart", step_timeout=0.3, **options) as venv:
         await venv.areset()
         await venv.astep([0, 0])
         observations, rewards, _, truncations, infos = await venv.astep([0, 0])
@@ -127,6 +150,7 @@ async def test_restart_policy_rebuilds_a_failing_async_env():
         assert "did not answer" in infos["restart_reason"][1]
         assert observations[1].tolist() == [1, 0]
         assert venv.restart_counts.tolist() == [0, 1]
+        assert not any(venv.worker_restarts)  # the env alone was rebuilt
 
 
 async def test_cancelling_recv_loses_nothing():

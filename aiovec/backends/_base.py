@@ -97,6 +97,11 @@ class Backend(abc.ABC):
     #: env; the scheduler then never kills its workers for lateness.
     enforces_step_timeout: bool = False
 
+    def cancels_late_envs(self, worker: int) -> bool:
+        """Whether ``worker`` cancels a late env's command itself (given ``step_timeout``):
+        the scheduler then kills it only if it failed to (its loop is blocked)."""
+        return False
+
     def restart(self, worker: int, reason: str) -> None:
         """Replace a dead worker by a fresh one that rebuilds its envs."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart workers")

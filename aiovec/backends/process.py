@@ -110,6 +110,7 @@ class ProcessBackend(Backend):
         spin: float | None = None,
         inline_envs: int = 0,
         max_restarts: int = 0,
+        step_timeout: float | None = None,
     ) -> None:
         num_envs = len(env_fns)
         if not 0 <= inline_envs < num_envs:
@@ -135,6 +136,8 @@ class ProcessBackend(Backend):
         self._payloads = [pickle_factories({i: env_fns[i] for i in group}) for group in self.groups]
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
+        self._step_timeout = step_timeout
+        self._async_workers: set[int] = set()  # workers of async envs (they time envs out)
         self._local: EnvHost | None = None
         if inline_envs:
             self.groups.append(list(range(remote_envs, num_envs)))
@@ -188,6 +191,7 @@ class ProcessBackend(Backend):
                 "spin": self.spin,
                 "max_restarts": self._max_restarts,
                 "restart_reason": restart_reason,
+                "step_timeout": self._step_timeout,
             },
             name=f"aiovec-worker-{worker}",
             daemon=True,
@@ -222,7 +226,12 @@ class ProcessBackend(Backend):
                 if hello.error is not None:
                     raise hello.error.to_exception()
                 described[worker] = cloudpickle.loads(hello.spaces)
+                if hello.async_envs:
+                    self._async_workers.add(worker)
         return [description for w in workers for description in described[w]]
+
+    def cancels_late_envs(self, worker: int) -> bool:
+        return worker in self._async_workers
 
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
         num_envs = len(self.descriptions)
