@@ -27,18 +27,16 @@ from gymnasium.vector import AutoresetMode
 from aiovec._async_server import AsyncEnvServer
 from aiovec._buffers import build_buffers
 from aiovec._channel import Channel
-from aiovec._host import EnvBuildError, EnvHost, build_envs, describe, error_info
+from aiovec._host import EnvBuildError, EnvHost, StepOutcome, build_envs, describe, error_info
 from aiovec._loop import new_event_loop
 from aiovec._memory import SharedRegion
 from aiovec._protocol import (
     Close,
     Hello,
-    Reply,
     Step,
     decode_command,
     encode,
     encode_reply,
-    merge_replies,
 )
 from aiovec.async_env import AsyncEnv
 
@@ -164,18 +162,18 @@ def _stream_step(
     (and whenever STREAM_INTERVAL has passed), so the agent can re-use fast envs while
     slow ones of the same worker still run. ``step_times`` holds each env's recent step
     time (an exponential average); an env not timed yet counts as slow."""
-    done: list[Reply] = []
+    done: list[StepOutcome] = []
     last_flush = time.perf_counter()
     for position, env_id in enumerate(command.env_ids):
         if done and step_times.get(env_id, STREAM_INTERVAL) >= STREAM_INTERVAL:
-            send(encode_reply(merge_replies(done)))
+            send(encode_reply(host.step_reply(command.seq, done)))
             done, last_flush = [], time.perf_counter()
         started = time.perf_counter()
-        done.append(host.execute(command.subset([position])))
+        done.append(host.step(env_id, host.action_of(command, position)))
         now = time.perf_counter()
         step_times[env_id] = 0.8 * step_times.get(env_id, now - started) + 0.2 * (now - started)
         if now - last_flush >= STREAM_INTERVAL:
-            send(encode_reply(merge_replies(done)))
+            send(encode_reply(host.step_reply(command.seq, done)))
             done, last_flush = [], now
     if done:
-        send(encode_reply(merge_replies(done)))
+        send(encode_reply(host.step_reply(command.seq, done)))
