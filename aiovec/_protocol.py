@@ -206,6 +206,25 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     raise ValueError(f"unknown msgpack extension {code}")
 
 
+def wire_command(command: Command) -> Command:
+    """A copy of ``command`` with its arbitrary values converted by :func:`to_wire`, ready
+    to encode (the original may be sent again later, to a restarted worker)."""
+    if isinstance(command, Reset) and command.options is not None:
+        return msgspec.structs.replace(command, options=to_wire(command.options))
+    if isinstance(command, Step) and command.actions is not None:
+        return msgspec.structs.replace(command, actions=to_wire(command.actions))
+    if isinstance(command, Call):
+        return msgspec.structs.replace(
+            command,
+            args=to_wire(command.args),
+            kwargs=to_wire(command.kwargs),
+            function=to_wire(command.function),
+        )
+    if isinstance(command, SetAttr):
+        return msgspec.structs.replace(command, values=to_wire(command.values))
+    return command
+
+
 def wire_reply(reply: Reply) -> Reply:
     """``reply`` with its arbitrary values converted by :func:`to_wire` (in place)."""
     if reply.infos is not None:

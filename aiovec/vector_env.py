@@ -86,6 +86,7 @@ class VecEnv(VectorEnv):
             initialized yet), ``num_cpus`` per actor (default 1), ``init_kwargs``,
             ``concurrent_envs`` (step an actor's envs concurrently, answering first-ready:
             default ``None`` probes whether the envs mostly wait; async envs always are),
+            ``actors_per_node`` (fill the alive nodes in turn with that many actors each),
             and any other actor option (``resources``, ``scheduling_strategy``, ...).
         step_timeout: seconds an env may take to answer a command; past that
             :class:`aiovec.StepTimeoutError` names the late envs. Async envs (coroutine

@@ -32,6 +32,8 @@ def run(venv, mode, steps=25):
         if mode is AutoresetMode.DISABLED and (result[2] | result[3]).any():
             record.append(venv.reset(options={"reset_mask": result[2] | result[3]}))
     record.append(venv.call("scale", 2))
+    offset = np.arange(3.0)  # a closure and a numpy argument travel to the actors too
+    record.append(venv.apply(lambda env, scale: (offset * scale, type(env).__name__), 2.0))
     venv.close()
     return record
 
@@ -164,3 +166,19 @@ def test_benchmark_rows_for_ray_run():
     rates = {entry.name: entry.rate for entry in result.results}
     assert rates["aiovec ray (first-ready 4, 1 workers)"] > 0
     assert rates["ray, one actor per env (first-ready 1)"] > 0
+
+
+def _node_of(env) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def test_actors_per_node_places_actors_node_by_node():
+    here = ray.get_runtime_context().get_node_id()
+    env_fns = [partial(CounterEnv, i) for i in range(4)]
+    options = {"actors_per_node": 2, "num_cpus": 0}
+    with aiovec.VecEnv(env_fns, backend="ray", num_workers=2, ray_options=options) as venv:
+        assert venv.apply(_node_of) == (here,) * 4  # one node here: both actors on it
+    with pytest.raises(ValueError, match="2 actors at 1 per node need 2 nodes; the Ray cluster "
+                       "has 1 alive"):  # fmt: skip
+        aiovec.VecEnv(env_fns, backend="ray", num_workers=2, ray_options={"actors_per_node": 1})
+    assert ray.is_initialized()  # the user's Ray is left alone after the error

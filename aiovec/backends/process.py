@@ -21,7 +21,6 @@ from typing import Any
 
 import cloudpickle
 import gymnasium as gym
-import msgspec
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
@@ -31,16 +30,12 @@ from aiovec._channel import Channel, channel_pair
 from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
 from aiovec._memory import SharedRegion
 from aiovec._protocol import (
-    Call,
     Close,
     Command,
     Hello,
-    Reset,
-    SetAttr,
-    Step,
     decode_message,
     encode,
-    to_wire,
+    wire_command,
 )
 from aiovec._worker import worker_main
 from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit
@@ -288,7 +283,7 @@ class ProcessBackend(Backend):
                 worker, self.groups[worker], self._processes[worker].exitcode, "it is gone"
             )
         try:
-            self._connections[worker].send(encode(_to_wire(command)))
+            self._connections[worker].send(encode(wire_command(command)))
         except OSError:  # it died just now; its exit is reported through the sentinel
             pass
 
@@ -418,21 +413,3 @@ def _stop_processes(processes: list[Any], timeout: float) -> None:
         if process.exitcode is None:
             process.kill()
             process.join()
-
-
-def _to_wire(command: Command) -> Command:
-    """A copy of ``command`` ready to encode (the original may be sent again later)."""
-    if isinstance(command, Reset) and command.options is not None:
-        return msgspec.structs.replace(command, options=to_wire(command.options))
-    if isinstance(command, Step) and command.actions is not None:
-        return msgspec.structs.replace(command, actions=to_wire(command.actions))
-    if isinstance(command, Call):
-        return msgspec.structs.replace(
-            command,
-            args=to_wire(command.args),
-            kwargs=to_wire(command.kwargs),
-            function=to_wire(command.function),
-        )
-    if isinstance(command, SetAttr):
-        return msgspec.structs.replace(command, values=to_wire(command.values))
-    return command

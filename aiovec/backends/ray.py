@@ -39,6 +39,7 @@ from aiovec._protocol import (
     decoder,
     encode,
     to_wire,
+    wire_command,
     wire_reply,
 )
 from aiovec._spaces import read_rows, write_rows
@@ -219,16 +220,20 @@ class RayBackend(Backend):
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
         self._actor_class = ray.remote(num_cpus=options.pop("num_cpus", 1))(EnvActor)
-        self._actor_options = options  # e.g. resources, scheduling_strategy
-        self._actors: list[Any] = [None] * num_workers
         self._concurrent = options.pop("concurrent_envs", None)
+        actors_per_node = options.pop("actors_per_node", None)
+        self._actor_options = options  # the rest: resources, scheduling_strategy, ...
+        self._actors: list[Any] = [None] * num_workers
         self._in_flight: dict[Any, int] = {}  # object ref -> worker
         self._owed = [0] * num_workers  # env commands each actor has not answered yet
         self._calls = [0] * num_workers  # exchange calls in flight, per actor
         self._futures: dict[Any, asyncio.Future] = {}
         self._dead: set[int] = set()
         self._inbox: list[Message] = []
+        self._placement: list[dict[str, Any]] = [{}] * num_workers
         try:
+            if actors_per_node is not None:
+                self._placement = _spread(num_workers, actors_per_node)
             for worker in range(num_workers):
                 self._start(worker)
             self.descriptions = [d for worker in range(num_workers) for d in self._describe(worker)]
@@ -237,7 +242,8 @@ class RayBackend(Backend):
             raise
 
     def _start(self, worker: int, restart_reason: str | None = None) -> None:
-        self._actors[worker] = self._actor_class.options(**self._actor_options).remote(
+        options = {**self._actor_options, **self._placement[worker]}
+        self._actors[worker] = self._actor_class.options(**options).remote(
             self._factories[worker],
             self._autoreset_mode.value,
             self._max_restarts,
@@ -268,7 +274,7 @@ class RayBackend(Backend):
         self._call(worker, command, actions)
 
     def _call(self, worker: int, command: Command | None, actions: Any) -> None:
-        request = encode((command, None if actions is None else to_wire(actions)))
+        request = encode((None if command is None else wire_command(command), to_wire(actions)))
         ref = self._actors[worker].exchange.remote(request)
         self._in_flight[ref] = worker
         self._calls[worker] += 1
@@ -374,6 +380,30 @@ class RayBackend(Backend):
         self._dead.update(range(len(self._actors)))
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _spread(num_actors: int, actors_per_node: int) -> list[dict[str, Any]]:
+    """Actor options placing ``actors_per_node`` actors on each alive node in turn (a
+    preference: an actor rebuilt after its node died goes wherever Ray finds room)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if actors_per_node < 1:
+        raise ValueError(f"actors_per_node must be at least 1, got {actors_per_node}")
+    nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+    needed = -(-num_actors // actors_per_node)
+    if needed > len(nodes):
+        raise ValueError(
+            f"{num_actors} actors at {actors_per_node} per node need {needed} nodes; the Ray "
+            f"cluster has {len(nodes)} alive: add nodes, or raise actors_per_node"
+        )
+    return [
+        {
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(
+                nodes[a // actors_per_node], soft=True
+            )
+        }
+        for a in range(num_actors)
+    ]
 
 
 async def _await(ref: Any) -> Any:
