@@ -90,8 +90,8 @@ class VecEnv(VectorEnv):
             and any other actor option (``resources``, ``scheduling_strategy``, ...).
         step_timeout: seconds an env may take to answer a command; past that
             :class:`aiovec.StepTimeoutError` names the late envs. Async envs (coroutine
-            backend, or async envs in worker processes) have the late env's command
-            cancelled alone (with ``"restart"``: that env is rebuilt) while the other
+            backend, or async envs in worker processes or Ray actors) have the late
+            env's command cancelled alone (with ``"restart"``: that env is rebuilt) while the other
             envs go on; a worker whose loop is blocked is killed a grace period later.
             Blocking envs cannot be interrupted from inside: the process and Ray
             backends kill the late env's worker (with ``"restart"``: rebuild it).
@@ -167,7 +167,7 @@ class VecEnv(VectorEnv):
             from aiovec.backends.ray import RayBackend
 
             self._backend = RayBackend(
-                env_fns, self.autoreset_mode, num_workers, restarts, ray_options
+                env_fns, self.autoreset_mode, num_workers, restarts, ray_options, step_timeout
             )
         else:
             from aiovec.backends.process import ProcessBackend

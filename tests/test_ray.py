@@ -182,3 +182,20 @@ def test_actors_per_node_places_actors_node_by_node():
                        "has 1 alive"):  # fmt: skip
         aiovec.VecEnv(env_fns, backend="ray", num_workers=2, ray_options={"actors_per_node": 1})
     assert ray.is_initialized()  # the user's Ray is left alone after the error
+
+
+async def test_a_hanging_async_env_in_an_actor_is_cancelled_alone():
+    from tests.async_envs import AsyncCounterEnv
+
+    env_fns = [partial(AsyncCounterEnv, 0, delay=0.01), partial(AsyncCounterEnv, 1, hang_at=1)]
+    async with aiovec.VecEnv(
+        env_fns, backend="ray", num_workers=1, step_timeout=0.5, ray_options={"num_cpus": 0}
+    ) as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        with pytest.raises(aiovec.StepTimeoutError, match="its command was cancelled"):
+            while True:
+                await venv.recv()
+        assert venv.worker_restarts == (0,)  # the actor lives on
+        _, rewards, *_ = await venv.astep([0, 0])
+        assert rewards.tolist() == [2.0, 1.0]

@@ -74,6 +74,7 @@ class EnvActor:
         max_restarts: int,
         restart_reason: str | None,
         concurrent: bool | None = None,
+        step_timeout: float | None = None,
     ) -> None:
         env_fns = cloudpickle.loads(factories)
         try:
@@ -89,12 +90,21 @@ class EnvActor:
         if restart_reason is not None:
             self.host.notify_restart(restart_reason)
         self._server: AsyncEnvServer | None = None
-        if concurrent is None:
-            concurrent = _mostly_waiting(next(iter(env_fns.values())), envs)
+        #: Async envs only: a late env's command is cancelled here, alone. (An env stepped
+        #: in a thread cannot be interrupted: the agent kills the actor instead.)
+        self.cancels_late_envs = all(isinstance(env, AsyncEnv) for env in envs.values())
+        if any(isinstance(env, AsyncEnv) for env in envs.values()):
+            concurrent = True  # async envs can only be stepped on an event loop
+        elif concurrent is None:
+            concurrent = _mostly_waiting(next(iter(env_fns.values())))
         if concurrent:
-            if not all(isinstance(env, AsyncEnv) for env in envs.values()):
+            if not self.cancels_late_envs:
                 self.host.threads = ThreadPoolExecutor(len(envs), "aiovec-env")
-            self._server = AsyncEnvServer(self.host, emit=self._finished)
+            self._server = AsyncEnvServer(
+                self.host,
+                emit=self._finished,
+                step_timeout=step_timeout if self.cancels_late_envs else None,
+            )
         self._outbox: list[tuple[Reply, Any]] = []
         self._owed = 0  # env commands submitted and not answered yet
         # seq -> [whether its replies carry result rows, env ids still to answer]
@@ -102,9 +112,11 @@ class EnvActor:
         self._progress: asyncio.Event | None = None
 
     def describe(self) -> Any:
+        """The envs' descriptions and whether late envs are cancelled here (or the error
+        of the factory that raised)."""
         if self.build_error is not None:
             return self.build_error
-        return [describe(env) for env in self.host.envs.values()]
+        return [describe(env) for env in self.host.envs.values()], self.cancels_late_envs
 
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space, n: int) -> None:
         self.host.attach(build_buffers(observation_space, action_space, n, np.zeros))
@@ -174,10 +186,9 @@ class EnvActor:
             self.host.threads.shutdown(wait=False, cancel_futures=True)
 
 
-def _mostly_waiting(env_fn: Callable[[], Any], envs: dict[int, Any]) -> bool:
-    """Whether the envs spend their steps waiting rather than computing (so they overlap)."""
-    if any(isinstance(env, AsyncEnv) for env in envs.values()):
-        return True
+def _mostly_waiting(env_fn: Callable[[], Any]) -> bool:
+    """Whether envs made by ``env_fn`` spend their steps waiting rather than computing
+    (so that they overlap when stepped concurrently)."""
     try:
         _, cpu_share = probe_step_time(env_fn)
     except Exception:
@@ -197,6 +208,7 @@ class RayBackend(Backend):
         num_workers: int | None = None,
         max_restarts: int = 0,
         ray_options: dict[str, Any] | None = None,
+        step_timeout: float | None = None,
     ) -> None:
         options = dict(ray_options or {})
         self._owns_ray = not ray.is_initialized()
@@ -231,6 +243,8 @@ class RayBackend(Backend):
         self._dead: set[int] = set()
         self._inbox: list[Message] = []
         self._placement: list[dict[str, Any]] = [{}] * num_workers
+        self._step_timeout = step_timeout
+        self._cancelling: set[int] = set()  # actors that cancel their late (async) envs
         try:
             if actors_per_node is not None:
                 self._placement = _spread(num_workers, actors_per_node)
@@ -249,14 +263,21 @@ class RayBackend(Backend):
             self._max_restarts,
             restart_reason,
             self._concurrent,
+            self._step_timeout,
         )
         self._owed[worker] = self._calls[worker] = 0
 
     def _describe(self, worker: int) -> list[Any]:
         description = ray.get(self._actors[worker].describe.remote())
-        if not isinstance(description, list):  # an ErrorInfo: a factory raised
+        if not isinstance(description, tuple):  # an ErrorInfo: a factory raised
             raise description.to_exception()
-        return description
+        descriptions, cancels_late_envs = description
+        if cancels_late_envs:
+            self._cancelling.add(worker)
+        return descriptions
+
+    def cancels_late_envs(self, worker: int) -> bool:
+        return worker in self._cancelling
 
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
         self._spaces = (observation_space, action_space, len(self.descriptions))
