@@ -142,15 +142,8 @@ class EnvHost:
         return self._reply(command, results, errors)
 
     async def execute_async(self, command: Command) -> Reply:
-        """:meth:`execute` for envs whose methods may return awaitables."""
-        if type(command) is Step:
-            return self.step_reply(
-                command.seq,
-                [
-                    await self.step_async(env_id, self.action_of(command, position))
-                    for position, env_id in enumerate(command.env_ids)
-                ],
-            )
+        """:meth:`execute` for envs whose methods may return awaitables, for any command
+        but a step (async envs are stepped one by one, with :meth:`step_async`)."""
         results: list[Any] = [None] * len(command.env_ids)
         errors: list[ErrorInfo] = []
         for position, env_id in enumerate(command.env_ids):

@@ -99,7 +99,8 @@ def _describe_exit(exitcode: int | None) -> str:
 class StepTimeoutError(WorkerCrashedError):
     """Envs did not answer within ``step_timeout``: their worker was killed, or, for
     async envs (coroutine backend, or a worker process or Ray actor of async envs), the
-    late env's command alone was cancelled (``worker_index`` is then ``None``; the other envs go on).
+    late env's command alone was cancelled (``worker_index`` is then ``None``; the other
+    envs go on).
 
     Attributes:
         timed_out: the env ids whose command was late.

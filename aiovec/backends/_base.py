@@ -91,8 +91,6 @@ class Backend(abc.ABC):
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:
         """Like :meth:`wait`, blocking the thread instead (no event loop involved)."""
 
-    #: True when :meth:`restart` and :meth:`kill` work (workers are separate processes).
-    can_restart: bool = False
     #: True when the backend cancels late commands itself (given ``step_timeout``), env by
     #: env; the scheduler then never kills its workers for lateness.
     enforces_step_timeout: bool = False

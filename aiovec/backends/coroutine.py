@@ -108,21 +108,20 @@ class CoroutineBackend(LocalBackend):
         loop is running, scheduled on the running loop otherwise (use ``aclose`` there
         to wait for it), skipped when ``timeout`` is 0 (``__del__``, Ctrl-C)."""
         self._server.retire()
-        closes = [result for env in self._host.envs.values()
-                  if inspect.isawaitable(result := _close_call(env))]  # fmt: skip
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         loop = self._loop or self._private_loop
         if running is not None and timeout:
-            for close in closes:
-                running.create_task(_quietly(close))
+            running.create_task(self._server.aclose(timeout))
         elif loop is not None and not loop.is_closed() and timeout:
-            loop.run_until_complete(_close_all([_quietly(c) for c in closes], timeout))
+            loop.run_until_complete(self._server.aclose(timeout))
         else:
-            for close in closes:
-                getattr(close, "close", lambda: None)()  # never run: discard without warnings
+            for env in self._host.envs.values():
+                result = _close_call(env)
+                if inspect.isawaitable(result):
+                    getattr(result, "close", lambda: None)()  # never run: discard quietly
         if self._private_loop is not None and running is not self._private_loop:
             if timeout and not self._private_loop.is_closed():
                 self._private_loop.run_until_complete(asyncio.sleep(0))  # cancellations land
@@ -134,18 +133,3 @@ def _close_call(env: Any) -> Any:
         return env.close()
     except Exception:
         return None
-
-
-async def _close_all(closes: list[Any], timeout: float) -> None:
-    if closes:
-        try:
-            await asyncio.wait_for(asyncio.gather(*closes), timeout)
-        except asyncio.TimeoutError:
-            pass  # closing must finish; envs that take longer are abandoned
-
-
-async def _quietly(awaitable: Any) -> None:
-    try:
-        await awaitable
-    except Exception:
-        pass

@@ -244,8 +244,6 @@ class ProcessBackend(Backend):
 
     # --- failures -----------------------------------------------------------------------------
 
-    can_restart = True
-
     def restart(self, worker: int, reason: str) -> None:
         """Replace dead ``worker`` by a new process that rebuilds its envs (blocking).
 

@@ -199,8 +199,6 @@ def _mostly_waiting(env_fn: Callable[[], Any]) -> bool:
 class RayBackend(Backend):
     """``num_workers`` Ray actors, each hosting a contiguous group of envs."""
 
-    can_restart = True
-
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Any]],
