@@ -13,7 +13,7 @@ import struct
 import time
 from multiprocessing.reduction import recvfds, sendfds
 
-_HEADER = struct.Struct("<I")
+HEADER = struct.Struct("<I")
 _CHUNK = 1 << 16
 
 
@@ -34,7 +34,7 @@ class Channel:
         Works on non-blocking sockets too (an event loop watching the socket makes it
         non-blocking): a full buffer is then waited out, never half a frame sent.
         """
-        data = memoryview(_HEADER.pack(len(frame)) + frame)
+        data = memoryview(HEADER.pack(len(frame)) + frame)
         send = self.sock.send
         while data:
             try:
@@ -96,13 +96,13 @@ class Channel:
 
     def _next_frame(self) -> bytes | None:
         pending = self._pending
-        if len(pending) < _HEADER.size:
+        if len(pending) < HEADER.size:
             return None
-        (size,) = _HEADER.unpack_from(pending)
-        end = _HEADER.size + size
+        (size,) = HEADER.unpack_from(pending)
+        end = HEADER.size + size
         if len(pending) < end:
             return None
-        frame = bytes(pending[_HEADER.size : end])
+        frame = bytes(pending[HEADER.size : end])
         del pending[:end]
         return frame
 

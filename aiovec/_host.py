@@ -8,11 +8,9 @@ normally.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import traceback
 from collections.abc import Callable, Generator
-from concurrent.futures import Executor
 from operator import methodcaller
 from typing import Any, NamedTuple
 
@@ -22,6 +20,7 @@ from gymnasium.vector import AutoresetMode
 from aiovec._buffers import Buffers
 from aiovec._protocol import Call, Command, ErrorInfo, Reply, Reset, SetAttr, Step
 from aiovec._spaces import is_shareable, read_row, row_writer
+from aiovec._threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 from aiovec.errors import StepTimeoutError
 
@@ -93,7 +92,7 @@ class EnvHost:
         self.autoreset_mode = autoreset_mode
         #: Where :meth:`step_async` and :meth:`execute_async` run the envs' blocking methods
         #: (so that envs that wait overlap); ``None``: on the event loop's thread.
-        self.threads: Executor | None = None
+        self.threads: EnvThreads | None = None
         self._same_step = autoreset_mode is AutoresetMode.SAME_STEP
         self._next_step = autoreset_mode is AutoresetMode.NEXT_STEP
         self._env_fns = env_fns or {}
@@ -190,7 +189,7 @@ class EnvHost:
                 if self.threads is None:
                     result = self.envs[env_id].step(action)
                 else:
-                    result = await self._in_thread(self.envs[env_id].step, action)
+                    result = await self.threads.run(env_id, self.envs[env_id].step, action)
                 if type(result) is not tuple and inspect.isawaitable(result):
                     result = await result
                 observation, reward, terminated, truncated, info = result
@@ -242,9 +241,6 @@ class EnvHost:
             progressed=any(outcome.progressed for outcome in outcomes),
         )
 
-    def _in_thread(self, function: Callable[..., Any], *args: Any) -> asyncio.Future:
-        return asyncio.get_running_loop().run_in_executor(self.threads, function, *args)
-
     def observations_of(self, env_ids: list[int]) -> list[Any] | None:
         """The latest observations of ``env_ids`` when they travel in replies (spaces not in
         shared memory); ``None`` when they are in the shared buffers."""
@@ -273,7 +269,7 @@ class EnvHost:
                     if self.threads is None:
                         result = request(self.envs[env_id])
                     else:
-                        result = await self._in_thread(request, self.envs[env_id])
+                        result = await self.threads.run(env_id, request, self.envs[env_id])
                     if inspect.isawaitable(result):
                         result = await result
                 except Exception as exc:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from functools import partial
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -41,15 +43,17 @@ def run(venv, mode, steps=25):
 CONCURRENCY = pytest.mark.parametrize(
     "concurrent", [False, True], ids=["envs-one-after-another", "envs-concurrent"]
 )
+TRANSPORT = pytest.mark.parametrize("transport", ["link", "calls"])
 
 
+@TRANSPORT
 @CONCURRENCY
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
-def test_same_results_as_the_process_backend(mode, concurrent):
+def test_same_results_as_the_process_backend(mode, concurrent, transport):
     space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (3,)), "k": gym.spaces.Discrete(4)})
     env_fns = [partial(SpacesEnv, space, gym.spaces.MultiDiscrete([2, 3]))] * 4
     expected = run(aiovec.VecEnv(env_fns, backend="process", autoreset_mode=mode), mode)
-    options = {"concurrent_envs": concurrent}
+    options = {"concurrent_envs": concurrent, "transport": transport}
     actual = run(
         aiovec.VecEnv(
             env_fns, backend="ray", num_workers=2, autoreset_mode=mode, ray_options=options
@@ -110,19 +114,20 @@ async def test_first_ready_across_actors():
         assert sorted(rest.env_ids.tolist()) == [0, 1]
 
 
-def counter_envs_in_two_actors(concurrent: bool, **options) -> aiovec.VecEnv:
+def counter_envs_in_two_actors(concurrent: bool, transport: str, **options) -> aiovec.VecEnv:
     return aiovec.VecEnv(
         [partial(CounterEnv, i) for i in range(4)],
         backend="ray",
         num_workers=2,
-        ray_options={"concurrent_envs": concurrent},
+        ray_options={"concurrent_envs": concurrent, "transport": transport},
         **options,
     )
 
 
+@TRANSPORT
 @CONCURRENCY
-def test_killed_actor_raises_under_raise_policy(concurrent):
-    venv = counter_envs_in_two_actors(concurrent)
+def test_killed_actor_raises_under_raise_policy(concurrent, transport):
+    venv = counter_envs_in_two_actors(concurrent, transport)
     venv.reset()
     ray.kill(venv._backend._actors[1], no_restart=True)
     with pytest.raises(aiovec.WorkerCrashedError, match=r"worker 1 hosting envs \[2, 3\]"):
@@ -132,9 +137,10 @@ def test_killed_actor_raises_under_raise_policy(concurrent):
     venv.close()
 
 
+@TRANSPORT
 @CONCURRENCY
-def test_killed_actor_is_rebuilt_under_restart_policy(concurrent):
-    venv = counter_envs_in_two_actors(concurrent, on_failure="restart")
+def test_killed_actor_is_rebuilt_under_restart_policy(concurrent, transport):
+    venv = counter_envs_in_two_actors(concurrent, transport, on_failure="restart")
     venv.reset()
     venv.step(np.zeros(4, dtype=np.int64))
     ray.kill(venv._backend._actors[1], no_restart=True)
@@ -199,3 +205,32 @@ async def test_a_hanging_async_env_in_an_actor_is_cancelled_alone():
         assert venv.worker_restarts == (0,)  # the actor lives on
         _, rewards, *_ = await venv.astep([0, 0])
         assert rewards.tolist() == [2.0, 1.0]
+
+
+def test_a_link_answers_only_the_connection_that_brings_the_token():
+    from aiovec._channel import Channel
+    from aiovec._protocol import Reset, encode
+    from aiovec.backends._ray_actor import EnvActor, answer_decoder
+
+    actor = ray.remote(num_cpus=0)(EnvActor).remote(
+        cloudpickle.dumps({0: partial(CounterEnv, 0)}), AutoresetMode.NEXT_STEP.value, 0, None
+    )
+    description = ray.get(actor.describe.remote())
+    ray.get(actor.attach.remote(*description[0][0][:2], 1))
+    host, port = ray.get(actor.link.remote(b"s" * 16))
+    with socket.create_connection((host, port), timeout=10) as stranger:
+        stranger.sendall(b"x" * 16)
+        assert stranger.recv(1) == b""  # closed on it: a wrong token drives nothing
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"s" * 16)
+        link = Channel(sock)
+        link.send(encode((Reset(seq=1, env_ids=[0], seeds=[3]), None)))
+        [(reply, rows)] = answer_decoder.decode(link.receive())
+        assert (reply.seq, reply.env_ids) == (1, [0])
+        assert rows[0].tolist() == [[0, 0]]  # CounterEnv 0's first observation
+    ray.kill(actor)
+
+
+def test_an_unknown_transport_is_refused_before_any_actor_starts():
+    with pytest.raises(ValueError, match=r"ray_options\['transport'\] must be one of"):
+        aiovec.VecEnv([partial(CounterEnv, 0)], backend="ray", ray_options={"transport": "tcp"})

@@ -1,199 +1,62 @@
 """Ray backend: groups of envs hosted in Ray actors, for more cores than one machine has.
 
-Each actor runs an ``EnvHost`` over its group (several envs per actor, like a worker
-process). The agent talks to an actor through one method, ``exchange``: it carries a
-command (if any) and returns the replies and result rows (numpy arrays) of whatever
-envs finished, as one msgpack payload. Envs that mostly wait are stepped concurrently
-inside the actor, so its fast envs answer while slow ones still run; an actor owing
-results always has an ``exchange`` call in flight to answer with. The agent's event
-loop awaits the actors' object refs directly, so first-ready works across actors
-without polling. A dead actor (``ray.kill``, a crashed node) is reported like a dead
-worker process, and the restart policy rebuilds it.
+Each actor (:class:`~aiovec.backends._ray_actor.EnvActor`) runs an ``EnvHost`` over its
+group (several envs per actor, like a worker process). Ray places the actors (resources,
+``actors_per_node``), watches them and kills them; results of one actor travel as one
+numpy payload, whatever number of envs finished. Two transports carry requests and
+answers (``ray_options={"transport": ...}``):
 
-aiovec calls ``ray.init`` only when Ray is not initialized yet (and then shuts it down
-on ``close``); connect to a cluster with ``ray_options={"address": "ray://..."}`` or by
-calling ``ray.init`` yourself first.
+- ``"link"`` (the default): the agent connects to each actor over TCP and the actor
+  pushes results the moment its envs finish; the event loop watches the connections as
+  it watches worker pipes, and a Ray call left pending on each actor reports its death.
+  A Ray actor call costs milliseconds of CPU on both sides; a frame costs microseconds.
+- ``"calls"`` (the default under Ray Client, whose driver may not reach the nodes):
+  every request is an actor call and the event loop awaits its object ref; an actor that
+  owes results gets a call when the agent is about to wait.
+
+A dead actor (``ray.kill``, a crashed node) is reported like a dead worker process, and
+the restart policy rebuilds it. aiovec calls ``ray.init`` only when Ray is not
+initialized yet (and then shuts it down on ``close``); connect to a cluster with
+``ray_options={"address": ...}`` or by calling ``ray.init`` yourself first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
+import select
+import socket
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Union
+from functools import partial
+from typing import Any
 
 import cloudpickle
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec._async_server import AsyncEnvServer
-from aiovec._auto import WAITING_CPU_SHARE, probe_step_time
 from aiovec._buffers import Buffers, build_buffers
-from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
-from aiovec._protocol import (
-    Command,
-    Reply,
-    Reset,
-    Step,
-    decoder,
-    encode,
-    to_wire,
-    wire_command,
-    wire_reply,
-)
+from aiovec._channel import Channel
+from aiovec._protocol import Command, Step, encode, to_wire, wire_command
 from aiovec._spaces import read_rows, write_rows
-from aiovec.async_env import AsyncEnv
-from aiovec.backends._base import Backend, Message, WorkerExit
+from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit
+from aiovec.backends._ray_actor import TOKEN_SIZE, EnvActor, answer_decoder
 
 try:
     import ray
+    from ray.util.client import ray as ray_client
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "backend='ray' needs Ray: pip install 'aiovec[ray]' (or pip install ray)"
     ) from exc
 
-
-_request_decoder = decoder(tuple[Union[Command, None], Any])
-_answer_decoder = decoder(list[tuple[Reply, Any]])
-
-
-class EnvActor:
-    """The actor side: a group of envs, their own buffers, results as numpy payloads.
-
-    Envs that mostly wait (async envs, or blocking envs that sleep or do IO, found by a
-    short probe) run concurrently, each as a task of the actor's event loop (blocking
-    ones in a thread each), and :meth:`exchange` hands back whichever envs finished.
-    CPU-bound envs are stepped one after the other, a command at a time.
-    """
-
-    def __init__(
-        self,
-        factories: bytes,
-        autoreset_mode: str,
-        max_restarts: int,
-        restart_reason: str | None,
-        concurrent: bool | None = None,
-        step_timeout: float | None = None,
-    ) -> None:
-        env_fns = cloudpickle.loads(factories)
-        try:
-            envs = build_envs(env_fns)
-        except EnvBuildError as exc:
-            self.build_error = exc.info
-            self.host = None
-            return
-        self.build_error = None
-        self.host = EnvHost(
-            envs, AutoresetMode(autoreset_mode), None, env_fns=env_fns, max_restarts=max_restarts
-        )
-        if restart_reason is not None:
-            self.host.notify_restart(restart_reason)
-        self._server: AsyncEnvServer | None = None
-        #: Async envs only: a late env's command is cancelled here, alone. (An env stepped
-        #: in a thread cannot be interrupted: the agent kills the actor instead.)
-        self.cancels_late_envs = all(isinstance(env, AsyncEnv) for env in envs.values())
-        if any(isinstance(env, AsyncEnv) for env in envs.values()):
-            concurrent = True  # async envs can only be stepped on an event loop
-        elif concurrent is None:
-            concurrent = _mostly_waiting(next(iter(env_fns.values())))
-        if concurrent:
-            if not self.cancels_late_envs:
-                self.host.threads = ThreadPoolExecutor(len(envs), "aiovec-env")
-            self._server = AsyncEnvServer(
-                self.host,
-                emit=self._finished,
-                step_timeout=step_timeout if self.cancels_late_envs else None,
-            )
-        self._outbox: list[tuple[Reply, Any]] = []
-        self._owed = 0  # env commands submitted and not answered yet
-        # seq -> [whether its replies carry result rows, env ids still to answer]
-        self._unanswered: dict[int, list] = {}
-        self._progress: asyncio.Event | None = None
-
-    def describe(self) -> Any:
-        """The envs' descriptions and whether late envs are cancelled here (or the error
-        of the factory that raised)."""
-        if self.build_error is not None:
-            return self.build_error
-        return [describe(env) for env in self.host.envs.values()], self.cancels_late_envs
-
-    def attach(self, observation_space: spaces.Space, action_space: spaces.Space, n: int) -> None:
-        self.host.attach(build_buffers(observation_space, action_space, n, np.zeros))
-
-    async def exchange(self, request: bytes) -> bytes:
-        """Start the request's command, if any (with the action rows of its envs, for
-        shared spaces), then return ``(reply, result rows)`` of whatever finished,
-        waiting for at least one while any command is unanswered. Requests and answers
-        travel as msgpack bytes: Ray moves bytes for half the cost of pickled objects."""
-        command, actions = _request_decoder.decode(request)
-        finished = await self._exchange(command, actions)
-        return encode([(wire_reply(reply), to_wire(rows)) for reply, rows in finished])
-
-    async def _exchange(self, command: Command | None, actions: Any) -> list[tuple[Reply, Any]]:
-        if command is not None:
-            if actions is not None:
-                write_rows(self.host.buffers.actions, command.env_ids, actions)
-            if self._server is None:  # one after the other: the whole command now
-                reply = self.host.execute(command)
-                carries_rows = isinstance(command, (Step, Reset))
-                return [(reply, self._rows(reply.env_ids) if carries_rows else None)]
-            self._owed += len(command.env_ids)
-            self._unanswered[command.seq] = [
-                isinstance(command, (Step, Reset)),
-                len(command.env_ids),
-            ]
-            self._server.submit(command, asyncio.get_running_loop())
-        if self._progress is None:
-            self._progress = asyncio.Event()
-        while not self._outbox and self._owed:
-            self._progress.clear()
-            await self._progress.wait()
-        finished, self._outbox = self._outbox, []
-        return finished
-
-    def _finished(self, reply: Reply) -> None:
-        self._owed -= len(reply.env_ids)
-        carries_rows, unanswered = entry = self._unanswered[reply.seq]
-        entry[1] = unanswered = unanswered - len(reply.env_ids)
-        if not unanswered:
-            del self._unanswered[reply.seq]
-        self._outbox.append((reply, self._rows(reply.env_ids) if carries_rows else None))
-        if self._progress is not None:
-            self._progress.set()
-
-    def _rows(self, env_ids: list[int]) -> Any:
-        """Observations, rewards and flags of ``env_ids`` after a step or reset."""
-        buffers = self.host.buffers
-        observations = None
-        if buffers.observations is not None:
-            observations = read_rows(buffers.observations, env_ids)
-        return [
-            observations,
-            buffers.rewards[env_ids],
-            buffers.terminations[env_ids],
-            buffers.truncations[env_ids],
-        ]
-
-    async def close(self) -> None:
-        if self.host is None:
-            return
-        if self._server is not None:
-            await self._server.aclose(timeout=5.0)
-        else:
-            self.host.close()
-        if self.host.threads is not None:
-            self.host.threads.shutdown(wait=False, cancel_futures=True)
+TRANSPORTS = ("link", "calls")
+#: The request that carries no command: "answer whatever finished".
+_ASK = encode((None, None))
 
 
-def _mostly_waiting(env_fn: Callable[[], Any]) -> bool:
-    """Whether envs made by ``env_fn`` spend their steps waiting rather than computing
-    (so that they overlap when stepped concurrently)."""
-    try:
-        _, cpu_share = probe_step_time(env_fn)
-    except Exception:
-        return False  # the real commands will report what is wrong
-    return cpu_share < WAITING_CPU_SHARE
+class ActorDied(str):
+    """What a transport reports when an actor is gone (the text says how it went)."""
 
 
 class RayBackend(Backend):
@@ -209,6 +72,12 @@ class RayBackend(Backend):
         step_timeout: float | None = None,
     ) -> None:
         options = dict(ray_options or {})
+        transport = options.pop("transport", None)
+        if transport not in (None, *TRANSPORTS):
+            raise ValueError(
+                f"ray_options['transport'] must be one of {TRANSPORTS} (or left out), "
+                f"got {transport!r}"
+            )
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init(
@@ -217,6 +86,9 @@ class RayBackend(Backend):
                 log_to_driver=options.pop("log_to_driver", False),
                 **options.pop("init_kwargs", {}),
             )
+        if transport is None:
+            transport = "calls" if ray_client.is_connected() else "link"
+        self.transport = transport
         num_envs = len(env_fns)
         if num_workers is None:
             num_workers = min(num_envs, int(ray.available_resources().get("CPU", 1)) or 1)
@@ -234,15 +106,13 @@ class RayBackend(Backend):
         actors_per_node = options.pop("actors_per_node", None)
         self._actor_options = options  # the rest: resources, scheduling_strategy, ...
         self._actors: list[Any] = [None] * num_workers
-        self._in_flight: dict[Any, int] = {}  # object ref -> worker
         self._owed = [0] * num_workers  # env commands each actor has not answered yet
-        self._calls = [0] * num_workers  # exchange calls in flight, per actor
-        self._futures: dict[Any, asyncio.Future] = {}
         self._dead: set[int] = set()
         self._inbox: list[Message] = []
         self._placement: list[dict[str, Any]] = [{}] * num_workers
         self._step_timeout = step_timeout
         self._cancelling: set[int] = set()  # actors that cancel their late (async) envs
+        self._transport: _Links | _Calls = (_Links if transport == "link" else _Calls)(self)
         try:
             if actors_per_node is not None:
                 self._placement = _spread(num_workers, actors_per_node)
@@ -263,7 +133,7 @@ class RayBackend(Backend):
             self._concurrent,
             self._step_timeout,
         )
-        self._owed[worker] = self._calls[worker] = 0
+        self._owed[worker] = 0
 
     def _describe(self, worker: int) -> list[Any]:
         description = ray.get(self._actors[worker].describe.remote())
@@ -280,6 +150,8 @@ class RayBackend(Backend):
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
         self._spaces = (observation_space, action_space, len(self.descriptions))
         ray.get([actor.attach.remote(*self._spaces) for actor in self._actors])
+        for worker in range(self.num_workers):
+            self._transport.open(worker)
         self.buffers = build_buffers(observation_space, action_space, self._spaces[2], np.zeros)
         return self.buffers
 
@@ -290,34 +162,21 @@ class RayBackend(Backend):
         if isinstance(command, Step) and command.actions is None:
             actions = read_rows(self.buffers.actions, command.env_ids)
         self._owed[worker] += len(command.env_ids)
-        self._call(worker, command, actions)
+        self._transport.send(worker, encode((wire_command(command), to_wire(actions))))
 
-    def _call(self, worker: int, command: Command | None, actions: Any) -> None:
-        request = encode((None if command is None else wire_command(command), to_wire(actions)))
-        ref = self._actors[worker].exchange.remote(request)
-        self._in_flight[ref] = worker
-        self._calls[worker] += 1
-
-    def _collect(self, ref: Any, finished: Any) -> None:
-        """Apply what call ``ref`` returned (``finished``, or the exception it raised)."""
-        worker = self._in_flight.pop(ref)
-        self._futures.pop(ref, None)
+    def _collect(self, worker: int, answer: Any) -> None:
+        """Apply what ``worker`` answered (a payload, :class:`ActorDied`, or the exception
+        its call raised)."""
         if worker in self._dead:
             return
-        self._calls[worker] -= 1
-        if isinstance(finished, ray.exceptions.RayActorError):
-            exc = finished
+        if isinstance(answer, ActorDied):
             self._dead.add(worker)
-            for other in [r for r, w in self._in_flight.items() if w == worker]:
-                del self._in_flight[other]
-                self._futures.pop(other, None)
-            self._inbox.append(
-                (worker, WorkerExit(None, f"its Ray actor died: {exc}".split("\n")[0]))
-            )
+            self._transport.forget(worker)
+            self._inbox.append((worker, WorkerExit(None, answer)))
             return
-        if isinstance(finished, BaseException):
-            raise finished  # not the envs' fault: aiovec's own actor code failed
-        for reply, rows in _answer_decoder.decode(finished):
+        if isinstance(answer, BaseException):
+            raise answer  # not the envs' fault: aiovec's own actor code failed
+        for reply, rows in answer_decoder.decode(answer):
             env_ids = reply.env_ids
             if rows is not None:
                 observations, rewards, terminations, truncations = rows
@@ -329,46 +188,21 @@ class RayBackend(Backend):
             self._owed[worker] -= len(env_ids)
             self._inbox.append((worker, reply))
 
-    def _ask_for_the_rest(self) -> None:
-        """Make sure every actor that owes results has a call to answer them with.
-
-        Done when the agent is about to wait, not when a call returns: by then the
-        agent usually has sent new actions, and that call asks for the rest too."""
-        for worker, owed in enumerate(self._owed):
-            if owed and not self._calls[worker] and worker not in self._dead:
-                self._call(worker, None, None)
-
     def poll(self) -> list[Message]:
-        self._ask_for_the_rest()
-        return self._drain()
-
-    def _drain(self) -> list[Message]:
-        # Awaited results first (already fetched), then whatever else Ray has ready.
-        for ref in [ref for ref, future in self._futures.items() if future.done()]:
-            self._collect(ref, self._futures[ref].result())
-        if self._in_flight:
-            ready, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight), timeout=0)
-            for ref in ready:
-                self._collect(ref, _fetch(ref))
+        for worker, answer in self._transport.poll():
+            self._collect(worker, answer)
         messages, self._inbox = self._inbox, []
         return messages
 
     async def wait(self, timeout: float | None = None) -> list[Message]:
-        self._ask_for_the_rest()
-        if not self._inbox and self._in_flight:
-            for ref in self._in_flight:  # object refs are awaitable: one future each
-                if ref not in self._futures:
-                    self._futures[ref] = asyncio.ensure_future(_await(ref))
-            await asyncio.wait(
-                list(self._futures.values()), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        return self._drain()
+        if not self._inbox:
+            await self._transport.wait(timeout)
+        return self.poll()
 
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:
-        self._ask_for_the_rest()
-        if not self._inbox and self._in_flight:
-            ray.wait(list(self._in_flight), num_returns=1, timeout=timeout)
-        return self._drain()
+        if not self._inbox:
+            self._transport.wait_blocking(timeout)
+        return self.poll()
 
     # --- failures -----------------------------------------------------------------------------
 
@@ -380,14 +214,13 @@ class RayBackend(Backend):
         self._start(worker, restart_reason=reason)
         self._describe(worker)
         ray.get(self._actors[worker].attach.remote(*self._spaces))
+        self._transport.open(worker)
         self._dead.discard(worker)
 
     # --- shutdown -------------------------------------------------------------------------
 
     def close(self, timeout: float) -> None:
-        for future in self._futures.values():
-            future.cancel()
-        self._futures.clear()
+        self._transport.closing = True
         actors = [actor for actor in self._actors if actor is not None]
         if timeout and actors:
             closing = [
@@ -396,9 +229,231 @@ class RayBackend(Backend):
             ray.wait(closing, num_returns=len(closing), timeout=timeout)
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        self._transport.close()
         self._dead.update(range(len(self._actors)))
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+class _Links:
+    """The ``link`` transport: a TCP connection to each actor, watched like worker pipes.
+
+    Answers are pushed by the actors; a pending ``closed`` call on each actor fails when
+    the actor dies, which is reported through a socket pair so that both the event loop
+    and a blocking wait notice it (an actor whose node vanished may never close its
+    connection)."""
+
+    def __init__(self, backend: RayBackend) -> None:
+        self._backend = backend
+        self._links: list[Channel | None] = [None] * backend.num_workers
+        self._answers: list[tuple[int, Any]] = []
+        self._deaths: list[tuple[int, Channel, str]] = []  # appended by Ray's threads
+        self._death_signal, self._death_signal_writer = socket.socketpair()
+        self._death_signal.setblocking(False)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup = Wakeup()
+        self._poller: select.poll | None = None
+        self.closing = False
+
+    def open(self, worker: int) -> None:
+        actor = self._backend._actors[worker]
+        token = secrets.token_bytes(TOKEN_SIZE)
+        host, port = ray.get(actor.link.remote(token))
+        sock = socket.create_connection((host, port), timeout=30.0)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(token)
+        sock.settimeout(None)
+        self._drop(worker)
+        link = self._links[worker] = Channel(sock)
+        actor.closed.remote().future().add_done_callback(partial(self._on_closed, worker, link))
+        if self._loop is not None:
+            self._loop.add_reader(link.fileno(), self._on_readable, worker)
+        self._poller = None
+
+    def send(self, worker: int, request: bytes) -> None:
+        link = self._links[worker]
+        if link is not None:
+            try:
+                link.send(request)
+            except OSError:  # it died just now: its end of file is reported by poll
+                pass
+
+    def poll(self) -> list[tuple[int, Any]]:
+        self._take_deaths()
+        for worker, link in enumerate(self._links):
+            if link is not None:
+                self._read(worker, link)
+        answers, self._answers = self._answers, []
+        return answers
+
+    async def wait(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._bind(loop)
+        if not self._answers and not self._deaths:
+            await self._wakeup.wait(loop, timeout)
+
+    def wait_blocking(self, timeout: float | None) -> None:
+        if self._answers or self._deaths:
+            return
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._death_signal, select.POLLIN)
+            for link in self._links:
+                if link is not None:
+                    self._poller.register(link.fileno(), select.POLLIN)
+        self._poller.poll(None if timeout is None else timeout * 1000)
+
+    def forget(self, worker: int) -> None:
+        self._drop(worker)
+
+    def close(self) -> None:
+        self.closing = True
+        for worker in range(len(self._links)):
+            self._drop(worker)
+        self._loop = None
+        self._death_signal.close()
+        self._death_signal_writer.close()
+
+    def _read(self, worker: int, link: Channel) -> None:
+        for frame in link.receive_ready():
+            self._answers.append((worker, frame))
+        if link.eof:
+            self._drop(worker)
+            self._answers.append((worker, ActorDied("its Ray actor died (its link closed)")))
+
+    def _on_readable(self, worker: int) -> None:
+        link = self._links[worker]
+        if link is not None:
+            self._read(worker, link)
+        self._wakeup.wake()
+
+    def _on_closed(self, worker: int, link: Channel, call: Any) -> None:
+        """In a Ray thread: the actor's ``closed`` call ended (it failed: the actor died)."""
+        if self.closing or call.cancelled() or call.exception() is None:
+            return
+        self._deaths.append((worker, link, str(call.exception()).split("\n")[0]))
+        try:
+            self._death_signal_writer.send(b"\0")
+        except OSError:
+            pass
+
+    def _on_death_signal(self) -> None:
+        self._take_deaths()
+        self._wakeup.wake()
+
+    def _take_deaths(self) -> None:
+        try:
+            while self._death_signal.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
+        while self._deaths:
+            worker, link, message = self._deaths.pop(0)
+            if self._links[worker] is link:  # not a link already lost, or an old actor's
+                self._read(worker, link)  # what it said before dying
+                if self._links[worker] is link:
+                    self._drop(worker)
+                    self._answers.append((worker, ActorDied(f"its Ray actor died: {message}")))
+
+    def _drop(self, worker: int) -> None:
+        link, self._links[worker] = self._links[worker], None
+        if link is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(link.fileno())
+            link.close()
+            self._poller = None
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch every link from ``loop`` (and stop watching from the previous one)."""
+        self._unbind()
+        loop.add_reader(self._death_signal.fileno(), self._on_death_signal)
+        for worker, link in enumerate(self._links):
+            if link is not None:
+                loop.add_reader(link.fileno(), self._on_readable, worker)
+        self._loop = loop
+
+    def _unbind(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._death_signal.fileno())
+            for link in self._links:
+                if link is not None:
+                    self._loop.remove_reader(link.fileno())
+        self._loop = None
+
+
+class _Calls:
+    """The ``calls`` transport: each request is an ``exchange`` actor call whose object
+    ref the event loop awaits directly; an actor that owes results is asked for them
+    when the agent is about to wait, not when a call returns (by then the agent usually
+    has sent new actions, and that call asks for the rest too)."""
+
+    def __init__(self, backend: RayBackend) -> None:
+        self._backend = backend
+        self._in_flight: dict[Any, int] = {}  # object ref -> worker
+        self._calls = [0] * backend.num_workers  # exchange calls in flight, per actor
+        self._futures: dict[Any, asyncio.Future] = {}
+        self.closing = False
+
+    def open(self, worker: int) -> None:
+        self._calls[worker] = 0
+
+    def send(self, worker: int, request: bytes) -> None:
+        ref = self._backend._actors[worker].exchange.remote(request)
+        self._in_flight[ref] = worker
+        self._calls[worker] += 1
+
+    def poll(self) -> list[tuple[int, Any]]:
+        self._ask_for_the_rest()
+        # Awaited results first (already fetched), then whatever else Ray has ready.
+        answers = [
+            self._take(ref, future.result())
+            for ref, future in list(self._futures.items())
+            if future.done()
+        ]
+        if self._in_flight:
+            ready, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight), timeout=0)
+            answers += [self._take(ref, _fetch(ref)) for ref in ready]
+        return answers
+
+    async def wait(self, timeout: float | None) -> None:
+        self._ask_for_the_rest()
+        if self._in_flight:
+            for ref in self._in_flight:  # object refs are awaitable: one future each
+                if ref not in self._futures:
+                    self._futures[ref] = asyncio.ensure_future(_await(ref))
+            await asyncio.wait(
+                list(self._futures.values()), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+
+    def wait_blocking(self, timeout: float | None) -> None:
+        self._ask_for_the_rest()
+        if self._in_flight:
+            ray.wait(list(self._in_flight), num_returns=1, timeout=timeout)
+
+    def forget(self, worker: int) -> None:
+        for ref in [r for r, w in self._in_flight.items() if w == worker]:
+            del self._in_flight[ref]
+            self._futures.pop(ref, None)
+
+    def close(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
+
+    def _ask_for_the_rest(self) -> None:
+        backend = self._backend
+        for worker, owed in enumerate(backend._owed):
+            if owed and not self._calls[worker] and worker not in backend._dead:
+                self.send(worker, _ASK)
+
+    def _take(self, ref: Any, answer: Any) -> tuple[int, Any]:
+        worker = self._in_flight.pop(ref)
+        self._futures.pop(ref, None)
+        self._calls[worker] -= 1
+        if isinstance(answer, ray.exceptions.RayActorError):
+            answer = ActorDied(f"its Ray actor died: {answer}".split("\n")[0])
+        return worker, answer
 
 
 def _spread(num_actors: int, actors_per_node: int) -> list[dict[str, Any]]:
@@ -428,12 +483,12 @@ def _spread(num_actors: int, actors_per_node: int) -> list[dict[str, Any]]:
 async def _await(ref: Any) -> Any:
     try:
         return await ref
-    except Exception as exc:  # classified by _collect
+    except Exception as exc:  # classified by RayBackend._collect
         return exc
 
 
 def _fetch(ref: Any) -> Any:
     try:
         return ray.get(ref)
-    except Exception as exc:  # classified by _collect
+    except Exception as exc:  # classified by RayBackend._collect
         return exc

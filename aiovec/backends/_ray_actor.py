@@ -1,0 +1,274 @@
+"""The Ray actor side of the Ray backend: a group of envs and their result rows.
+
+An :class:`EnvActor` answers the agent in one of two ways (the backend picks one):
+
+- **link**: the agent connects straight to the actor over TCP (:meth:`EnvActor.link`);
+  requests arrive as frames and results are pushed back the moment envs finish, with no
+  Ray call per step. Ray still places, reserves, watches and kills the actor.
+- **calls**: every request is an :meth:`EnvActor.exchange` actor call whose object ref
+  the agent awaits (for drivers that cannot reach the actors' nodes, e.g. Ray Client).
+
+Both carry the same msgpack payloads: a request is ``(command, action rows)``, an answer
+is a list of ``(reply, result rows)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any, Union
+
+import cloudpickle
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from aiovec._async_server import AsyncEnvServer
+from aiovec._auto import WAITING_CPU_SHARE, probe_step_time
+from aiovec._buffers import build_buffers
+from aiovec._channel import HEADER
+from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
+from aiovec._loop import new_event_loop
+from aiovec._protocol import Command, Reply, Reset, Step, decoder, encode, to_wire, wire_reply
+from aiovec._spaces import read_rows, write_rows
+from aiovec._threads import EnvThreads
+from aiovec.async_env import AsyncEnv
+
+request_decoder = decoder(tuple[Union[Command, None], Any])
+answer_decoder = decoder(list[tuple[Reply, Any]])
+
+#: Bytes of the secret the agent sends first on a link (so nothing else can drive envs).
+TOKEN_SIZE = 16
+
+
+class EnvActor:
+    """A group of envs, their own buffers, results as numpy payloads.
+
+    Envs that mostly wait (async envs, or blocking envs that sleep or do IO, found by a
+    short probe) run concurrently, each as a task of the actor's event loop (blocking
+    ones in a thread each), and whichever envs finish are answered first. CPU-bound envs
+    are stepped one after the other, a command at a time.
+    """
+
+    def __init__(
+        self,
+        factories: bytes,
+        autoreset_mode: str,
+        max_restarts: int,
+        restart_reason: str | None,
+        concurrent: bool | None = None,
+        step_timeout: float | None = None,
+    ) -> None:
+        env_fns = cloudpickle.loads(factories)
+        try:
+            envs = build_envs(env_fns)
+        except EnvBuildError as exc:
+            self.build_error = exc.info
+            self.host = None
+            return
+        self.build_error = None
+        self.host = EnvHost(
+            envs, AutoresetMode(autoreset_mode), None, env_fns=env_fns, max_restarts=max_restarts
+        )
+        if restart_reason is not None:
+            self.host.notify_restart(restart_reason)
+        self._server: AsyncEnvServer | None = None
+        #: Async envs only: a late env's command is cancelled here, alone. (An env stepped
+        #: in a thread cannot be interrupted: the agent kills the actor instead.)
+        self.cancels_late_envs = all(isinstance(env, AsyncEnv) for env in envs.values())
+        if any(isinstance(env, AsyncEnv) for env in envs.values()):
+            concurrent = True  # async envs can only be stepped on an event loop
+        elif concurrent is None:
+            concurrent = _mostly_waiting(next(iter(env_fns.values())))
+        if concurrent:
+            if not self.cancels_late_envs:
+                self.host.threads = EnvThreads()
+            self._server = AsyncEnvServer(
+                self.host,
+                emit=self._finished,
+                step_timeout=step_timeout if self.cancels_late_envs else None,
+            )
+        self._outbox: list[tuple[Reply, Any]] = []
+        self._owed = 0  # env commands submitted and not answered yet
+        # seq -> [whether its replies carry result rows, env ids still to answer]
+        self._unanswered: dict[int, list] = {}
+        self._progress: asyncio.Event | None = None  # calls: set when the outbox fills
+        self._link: asyncio.StreamWriter | None = None  # link: where answers are pushed
+        self._listener: asyncio.Server | None = None
+        self._link_loop: asyncio.AbstractEventLoop | None = None  # link: runs the envs
+        self._push_scheduled = False
+        self._closed: asyncio.Event | None = None
+
+    def describe(self) -> Any:
+        """The envs' descriptions and whether late envs are cancelled here (or the error
+        of the factory that raised)."""
+        if self.build_error is not None:
+            return self.build_error
+        return [describe(env) for env in self.host.envs.values()], self.cancels_late_envs
+
+    def attach(self, observation_space: spaces.Space, action_space: spaces.Space, n: int) -> None:
+        self.host.attach(build_buffers(observation_space, action_space, n, np.zeros))
+
+    # --- commands -------------------------------------------------------------------------
+
+    def _start(self, command: Command, actions: Any) -> None:
+        """Run ``command`` (now, or on the server); its answers reach the outbox."""
+        if actions is not None:
+            write_rows(self.host.buffers.actions, command.env_ids, actions)
+        carries_rows = isinstance(command, (Step, Reset))
+        if self._server is None:  # one after the other: the whole command now
+            reply = self.host.execute(command)
+            self._outbox.append((reply, self._rows(reply.env_ids) if carries_rows else None))
+            return
+        self._owed += len(command.env_ids)
+        self._unanswered[command.seq] = [carries_rows, len(command.env_ids)]
+        self._server.submit(command, asyncio.get_running_loop())
+
+    def _finished(self, reply: Reply) -> None:
+        self._owed -= len(reply.env_ids)
+        carries_rows, unanswered = entry = self._unanswered[reply.seq]
+        entry[1] = unanswered = unanswered - len(reply.env_ids)
+        if not unanswered:
+            del self._unanswered[reply.seq]
+        self._outbox.append((reply, self._rows(reply.env_ids) if carries_rows else None))
+        if self._link is not None:
+            if not self._push_scheduled:  # one frame for all that finish this iteration
+                self._push_scheduled = True
+                asyncio.get_running_loop().call_soon(self._push)
+        elif self._progress is not None:
+            self._progress.set()
+
+    def _rows(self, env_ids: list[int]) -> Any:
+        """Observations, rewards and flags of ``env_ids`` after a step or reset."""
+        buffers = self.host.buffers
+        observations = None
+        if buffers.observations is not None:
+            observations = read_rows(buffers.observations, env_ids)
+        return [
+            observations,
+            buffers.rewards[env_ids],
+            buffers.terminations[env_ids],
+            buffers.truncations[env_ids],
+        ]
+
+    def _answer(self) -> bytes:
+        """The outbox as one payload (and the outbox emptied)."""
+        finished, self._outbox = self._outbox, []
+        return encode([(wire_reply(reply), to_wire(rows)) for reply, rows in finished])
+
+    # --- calls ----------------------------------------------------------------------------
+
+    async def exchange(self, request: bytes) -> bytes:
+        """Start the request's command, if any (with the action rows of its envs, for
+        shared spaces), then return ``(reply, result rows)`` of whatever finished,
+        waiting for at least one while any command is unanswered. Requests and answers
+        travel as msgpack bytes: Ray moves bytes for half the cost of pickled objects."""
+        command, actions = request_decoder.decode(request)
+        if command is not None:
+            self._start(command, actions)
+        if self._progress is None:
+            self._progress = asyncio.Event()
+        while not self._outbox and self._owed:
+            self._progress.clear()
+            await self._progress.wait()
+        return self._answer()
+
+    # --- link -----------------------------------------------------------------------------
+
+    async def link(self, token: bytes) -> tuple[str, int]:
+        """Listen for the agent's connection; returns the address to connect to.
+
+        The first connection that sends ``token`` becomes the link; requests are then
+        read from it and answers pushed to it until it closes. The link and the envs get
+        an event loop of their own (uvloop when installed), in a thread: Ray's loop is
+        plain asyncio, which doubles the cost of handing steps to env threads."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        self._link_loop = new_event_loop()
+        serving = threading.Thread(target=self._link_loop.run_forever, name="aiovec-link")
+        serving.daemon = True  # an actor is stopped by Ray, never by this thread
+        serving.start()
+        listening = asyncio.run_coroutine_threadsafe(self._listen(token, host), self._link_loop)
+        return await asyncio.wrap_future(listening)
+
+    async def _listen(self, token: bytes, host: str) -> tuple[str, int]:
+        self._listener = await asyncio.start_server(
+            lambda reader, writer: self._serve(token, reader, writer), host=host, port=0
+        )
+        return host, self._listener.sockets[0].getsockname()[1]
+
+    async def _serve(
+        self, token: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            offered = await reader.readexactly(len(token))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            return
+        if self._link is not None or not hmac.compare_digest(offered, token):
+            writer.close()
+            return
+        self._listener.close()
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._link = writer
+        try:
+            while True:
+                (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+                command, actions = request_decoder.decode(await reader.readexactly(size))
+                self._start(command, actions)
+                if self._outbox and not self._push_scheduled:
+                    self._push()  # a command run one after the other: answered now
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the agent went away; Ray stops this actor
+
+    def _push(self) -> None:
+        self._push_scheduled = False
+        if self._outbox and self._link is not None and not self._link.is_closing():
+            answer = self._answer()
+            self._link.write(HEADER.pack(len(answer)) + answer)
+
+    async def closed(self) -> None:
+        """Returns once :meth:`close` ran: a call of this that fails instead tells the
+        agent that the actor died."""
+        if self._closed is None:
+            self._closed = asyncio.Event()
+        await self._closed.wait()
+
+    async def close(self) -> None:
+        if self._closed is None:
+            self._closed = asyncio.Event()
+        self._closed.set()
+        if self._link_loop is None:
+            await self._close_envs()
+            return
+        closing = asyncio.run_coroutine_threadsafe(self._close_envs(), self._link_loop)
+        try:
+            await asyncio.wrap_future(closing)
+        finally:
+            self._link_loop.call_soon_threadsafe(self._link_loop.stop)
+
+    async def _close_envs(self) -> None:
+        if self._link is not None:
+            self._link.close()
+        if self.host is None:
+            return
+        if self._server is not None:
+            await self._server.aclose(timeout=5.0)
+        else:
+            self.host.close()
+        if self.host.threads is not None:
+            self.host.threads.shutdown()
+
+
+def _mostly_waiting(env_fn: Callable[[], Any]) -> bool:
+    """Whether envs made by ``env_fn`` spend their steps waiting rather than computing
+    (so that they overlap when stepped concurrently)."""
+    try:
+        _, cpu_share = probe_step_time(env_fn)
+    except Exception:
+        return False  # the real commands will report what is wrong
+    return cpu_share < WAITING_CPU_SHARE
