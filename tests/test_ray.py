@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 from functools import partial
@@ -217,10 +219,16 @@ def test_a_link_answers_only_the_connection_that_brings_the_token():
     )
     description = ray.get(actor.describe.remote())
     ray.get(actor.attach.remote(*description[0][0][:2], 1))
-    host, port = ray.get(actor.link.remote(b"s" * 16))
+    node, host, port, unix_name = ray.get(actor.link.remote(b"s" * 16))
+    assert node == ray.get_runtime_context().get_node_id()
+    if unix_name is not None:  # Linux: the same node's agent takes the unix socket
+        with socket.socket(socket.AF_UNIX) as stranger:
+            stranger.connect(unix_name)
+            stranger.sendall(b"x" * 16)
+            assert stranger.recv(1) == b""  # closed on it: a wrong token drives nothing
     with socket.create_connection((host, port), timeout=10) as stranger:
         stranger.sendall(b"x" * 16)
-        assert stranger.recv(1) == b""  # closed on it: a wrong token drives nothing
+        assert stranger.recv(1) == b""
     with socket.create_connection((host, port), timeout=10) as sock:
         sock.sendall(b"s" * 16)
         link = Channel(sock)
@@ -234,3 +242,34 @@ def test_a_link_answers_only_the_connection_that_brings_the_token():
 def test_an_unknown_transport_is_refused_before_any_actor_starts():
     with pytest.raises(ValueError, match=r"ray_options\['transport'\] must be one of"):
         aiovec.VecEnv([partial(CounterEnv, 0)], backend="ray", ray_options={"transport": "tcp"})
+
+
+def _fork_a_sleeper(env) -> int:
+    """A grandchild of the actor that sleeps, holding a copy of each of the actor's
+    descriptors, its link too (a grandchild: Ray kills the actor's own children)."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        if os.fork() == 0:
+            os.write(writer, str(os.getpid()).encode())
+            time.sleep(60)
+        os._exit(0)
+    os.waitpid(child, 0)
+    return int(os.read(reader, 32))
+
+
+def test_a_dead_actor_whose_link_stays_open_is_still_reported():
+    # A process forked by an env keeps the link open after the actor dies (as would a
+    # node that vanished without closing its connections): Ray's word must be enough.
+    venv = counter_envs_in_two_actors(False, "link")
+    venv.reset()
+    (sleeper,) = venv.apply(_fork_a_sleeper, env_ids=[2])
+    try:
+        ray.kill(venv._backend._actors[1], no_restart=True)
+        with pytest.raises(aiovec.WorkerCrashedError, match="its Ray actor died: "):
+            for _ in range(100):
+                venv.step(np.zeros(4, dtype=np.int64))
+                time.sleep(0.05)
+    finally:
+        os.kill(sleeper, signal.SIGKILL)
+        venv.close()

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import secrets
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Union
@@ -97,7 +99,7 @@ class EnvActor:
         self._unanswered: dict[int, list] = {}
         self._progress: asyncio.Event | None = None  # calls: set when the outbox fills
         self._link: asyncio.StreamWriter | None = None  # link: where answers are pushed
-        self._listener: asyncio.Server | None = None
+        self._listeners: list[asyncio.Server] = []
         self._link_loop: asyncio.AbstractEventLoop | None = None  # link: runs the envs
         self._push_scheduled = False
         self._closed: asyncio.Event | None = None
@@ -178,8 +180,11 @@ class EnvActor:
 
     # --- link -----------------------------------------------------------------------------
 
-    async def link(self, token: bytes) -> tuple[str, int]:
-        """Listen for the agent's connection; returns the address to connect to.
+    async def link(self, token: bytes) -> tuple[str, str, int, str | None]:
+        """Listen for the agent's connection; returns ``(node id, host, port, unix
+        socket name)``: an agent on the same node connects to the unix socket (Linux'
+        abstract namespace: no file; ``None`` elsewhere), which costs about half as
+        much per message as TCP over loopback; others connect to ``host:port``.
 
         The first connection that sends ``token`` becomes the link; requests are then
         read from it and answers pushed to it until it closes. The link and the envs get
@@ -193,13 +198,20 @@ class EnvActor:
         serving.daemon = True  # an actor is stopped by Ray, never by this thread
         serving.start()
         listening = asyncio.run_coroutine_threadsafe(self._listen(token, host), self._link_loop)
-        return await asyncio.wrap_future(listening)
+        port, unix_name = await asyncio.wrap_future(listening)
+        return ray.get_runtime_context().get_node_id(), host, port, unix_name
 
-    async def _listen(self, token: bytes, host: str) -> tuple[str, int]:
-        self._listener = await asyncio.start_server(
-            lambda reader, writer: self._serve(token, reader, writer), host=host, port=0
-        )
-        return host, self._listener.sockets[0].getsockname()[1]
+    async def _listen(self, token: bytes, host: str) -> tuple[int, str | None]:
+        def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Any:
+            return self._serve(token, reader, writer)
+
+        tcp = await asyncio.start_server(serve, host=host, port=0)
+        self._listeners = [tcp]
+        unix_name = None
+        if sys.platform.startswith("linux"):
+            unix_name = f"\0aiovec-link-{secrets.token_hex(12)}"
+            self._listeners.append(await asyncio.start_unix_server(serve, path=unix_name))
+        return tcp.sockets[0].getsockname()[1], unix_name
 
     async def _serve(
         self, token: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -212,8 +224,11 @@ class EnvActor:
         if self._link is not None or not hmac.compare_digest(offered, token):
             writer.close()
             return
-        self._listener.close()
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for listener in self._listeners:
+            listener.close()
+        sock = writer.get_extra_info("socket")
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._link = writer
         try:
             while True:

@@ -253,14 +253,20 @@ class _Links:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup = Wakeup()
         self._poller: select.poll | None = None
+        self._node = ray.get_runtime_context().get_node_id()  # actors here: unix sockets
         self.closing = False
 
     def open(self, worker: int) -> None:
         actor = self._backend._actors[worker]
         token = secrets.token_bytes(TOKEN_SIZE)
-        host, port = ray.get(actor.link.remote(token))
-        sock = socket.create_connection((host, port), timeout=30.0)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        node, host, port, unix_name = ray.get(actor.link.remote(token))
+        if unix_name is not None and node == self._node:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(30.0)
+            sock.connect(unix_name)
+        else:
+            sock = socket.create_connection((host, port), timeout=30.0)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(token)
         sock.settimeout(None)
         self._drop(worker)
@@ -302,7 +308,9 @@ class _Links:
             for link in self._links:
                 if link is not None:
                     self._poller.register(link.fileno(), select.POLLIN)
-        self._poller.poll(None if timeout is None else timeout * 1000)
+        events = self._poller.poll(None if timeout is None else timeout * 1000)
+        if any(fd == self._death_signal.fileno() for fd, _ in events):
+            self._drain_death_signal()
 
     def forget(self, worker: int) -> None:
         self._drop(worker)
@@ -339,15 +347,21 @@ class _Links:
             pass
 
     def _on_death_signal(self) -> None:
+        self._drain_death_signal()
         self._take_deaths()
         self._wakeup.wake()
 
-    def _take_deaths(self) -> None:
+    def _drain_death_signal(self) -> None:
         try:
             while self._death_signal.recv(4096):
                 pass
-        except (BlockingIOError, InterruptedError, OSError):
+        except OSError:  # drained (BlockingIOError), or closed
             pass
+
+    def _take_deaths(self) -> None:
+        if not self._deaths:
+            return
+        self._drain_death_signal()  # (its byte may also come later: drained then)
         while self._deaths:
             worker, link, message = self._deaths.pop(0)
             if self._links[worker] is link:  # not a link already lost, or an old actor's

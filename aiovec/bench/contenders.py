@@ -81,9 +81,9 @@ class AiovecFirstReady(Contender):
         super().__init__(**kwargs)
         self.batch_size, self.options = batch_size, options
         workers = f", {options['num_workers']} workers" if "num_workers" in options else ""
-        self.name = (
-            f"aiovec {options.get('backend', 'process')} (first-ready {batch_size}{workers})"
-        )
+        transport = options.get("ray_options", {}).get("transport")
+        backend = options.get("backend", "process") + (f" {transport}" if transport else "")
+        self.name = f"aiovec {backend} (first-ready {batch_size}{workers})"
 
     def start(self) -> None:
         self.env = aiovec.VecEnv([self.env_fn] * self.num_envs, copy=self.copy, **self.options)

@@ -122,9 +122,10 @@ def _latency_workload(
             ensure_ray()
             # one actor stepping all its envs concurrently (they mostly sleep), taking
             # no CPU reservation; the agent takes whatever is ready
-            ray_options = {"num_workers": 1, "ray_options": {"num_cpus": 0}}
-            result.append(AiovecFirstReady(num_envs, {"backend": "ray", **ray_options},
-                                           **common))  # fmt: skip
+            for transport in (None, "calls"):  # the default (link), and Ray calls
+                ray_options = {"num_cpus": 0, **({"transport": transport} if transport else {})}
+                options = {"backend": "ray", "num_workers": 1, "ray_options": ray_options}
+                result.append(AiovecFirstReady(num_envs, options, **common))
             result.append(RayActorPerEnv(**common))
         return result
 
