@@ -87,6 +87,8 @@ class VecEnv(VectorEnv):
             ``concurrent_envs`` (step an actor's envs concurrently, answering first-ready:
             default ``None`` probes whether the envs mostly wait; async envs always are),
             ``actors_per_node`` (fill the alive nodes in turn with that many actors each),
+            ``transport`` (``"link"``: a direct connection to each actor, the default;
+            ``"calls"``: one Ray actor call per request, the default under Ray Client),
             and any other actor option (``resources``, ``scheduling_strategy``, ...).
         step_timeout: seconds an env may take to answer a command; past that
             :class:`aiovec.StepTimeoutError` names the late envs. Async envs (coroutine

@@ -51,6 +51,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 TRANSPORTS = ("link", "calls")
+#: Seconds to connect a link (an actor that started listens at once).
+CONNECT_TIMEOUT = 30.0
 #: The request that carries no command: "answer whatever finished".
 _ASK = encode((None, None))
 
@@ -260,14 +262,21 @@ class _Links:
         actor = self._backend._actors[worker]
         token = secrets.token_bytes(TOKEN_SIZE)
         node, host, port, unix_name = ray.get(actor.link.remote(token))
-        if unix_name is not None and node == self._node:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(30.0)
-            sock.connect(unix_name)
-        else:
-            sock = socket.create_connection((host, port), timeout=30.0)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(token)
+        try:
+            if unix_name is not None and node == self._node:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(CONNECT_TIMEOUT)
+                sock.connect(unix_name)
+            else:
+                sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(token)
+        except OSError as exc:
+            raise ConnectionError(
+                f"could not connect to the Ray actor of worker {worker} at {host}:{port} "
+                f"({exc}): this process must reach the cluster's nodes on any TCP port; "
+                "where it cannot, pass ray_options={'transport': 'calls'}"
+            ) from exc
         sock.settimeout(None)
         self._drop(worker)
         link = self._links[worker] = Channel(sock)
