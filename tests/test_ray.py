@@ -273,3 +273,55 @@ def test_a_dead_actor_whose_link_stays_open_is_still_reported():
     finally:
         os.kill(sleeper, signal.SIGKILL)
         venv.close()
+
+
+@TRANSPORT
+@pytest.mark.parametrize("fault", ["raise", "sigkill", "hang"])
+def test_a_failing_env_in_an_actor_is_rebuilt_and_the_others_go_on(fault, transport):
+    from tests.faulty import FaultyEnv
+
+    venv = aiovec.VecEnv(
+        [
+            partial(FaultyEnv, i, fault if i == 1 else "raise", 2 if i == 1 else 10**6)
+            for i in range(3)
+        ],  # fmt: skip
+        backend="ray",
+        num_workers=3,
+        on_failure="restart",
+        step_timeout=1.0 if fault == "hang" else None,
+        # no probe: its throwaway env would meet the fault first
+        ray_options={"transport": transport, "num_cpus": 0, "concurrent_envs": False},
+    )
+    venv.reset()
+    venv.step([0, 0, 0])
+    observations, rewards, _, truncations, infos = venv.step([0, 0, 0])
+    assert observations[1].tolist() == [1, 0] and truncations.tolist() == [False, True, False]
+    assert rewards.tolist() == [2.0, 0.0, 2.0]
+    reason = infos["restart_reason"][1]
+    expected = {"raise": "RuntimeError: simulator diverged", "hang": "did not answer"}
+    assert expected.get(fault, "Ray actor died") in reason
+    # an env that raised is rebuilt inside its actor; a dead or hung actor is replaced
+    assert venv.worker_restarts == ((0, 0, 0) if fault == "raise" else (0, 1, 0))
+    _, rewards, *_ = venv.step([0, 0, 0])  # (env 1: the reset that follows truncation)
+    assert rewards.tolist() == [3.0, 0.0, 3.0]
+    venv.close()
+
+
+def test_an_actor_that_dies_while_building_its_envs_is_a_clear_error():
+    from tests.faulty import FaultyEnv
+
+    # the probe's throwaway env takes the actor down on its second step
+    env_fns = [partial(FaultyEnv, i, "sigkill", 2) for i in range(2)]
+    with pytest.raises(aiovec.WorkerCrashedError, match=r"worker 0 hosting envs \[0\] died "
+                       r".*its Ray actor died while building its envs"):  # fmt: skip
+        aiovec.VecEnv(env_fns, backend="ray", num_workers=2, ray_options={"num_cpus": 0})
+    assert ray.is_initialized()
+
+
+def test_the_probe_of_an_env_that_hangs_gives_up_and_the_actor_lives():
+    from aiovec.backends import _ray_actor
+    from tests.faulty import FaultyEnv
+
+    started = time.monotonic()
+    assert _ray_actor._mostly_waiting(partial(FaultyEnv, 0, "hang", 1)) is True
+    assert time.monotonic() - started < _ray_actor.PROBE_DEADLINE + 1.0

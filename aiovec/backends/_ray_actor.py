@@ -42,6 +42,8 @@ from aiovec.async_env import AsyncEnv
 request_decoder = decoder(tuple[Union[Command, None], Any])
 answer_decoder = decoder(list[tuple[Reply, Any]])
 
+#: Seconds the probe of a new actor's env may take before the env counts as waiting.
+PROBE_DEADLINE = 5.0
 #: Bytes of the secret the agent sends first on a link (so nothing else can drive envs).
 TOKEN_SIZE = 16
 
@@ -281,9 +283,22 @@ class EnvActor:
 
 def _mostly_waiting(env_fn: Callable[[], Any]) -> bool:
     """Whether envs made by ``env_fn`` spend their steps waiting rather than computing
-    (so that they overlap when stepped concurrently)."""
-    try:
-        _, cpu_share = probe_step_time(env_fn)
-    except Exception:
-        return False  # the real commands will report what is wrong
-    return cpu_share < WAITING_CPU_SHARE
+    (so that they overlap when stepped concurrently).
+
+    The probe runs in a thread of its own and is given :data:`PROBE_DEADLINE` seconds:
+    an env whose steps block for longer (or hang) counts as waiting, and the actor does
+    not hang with it."""
+    verdict: list[bool] = []
+
+    def probe() -> None:
+        try:
+            _, cpu_share = probe_step_time(env_fn)
+        except Exception:
+            verdict.append(False)  # the real commands will report what is wrong
+        else:
+            verdict.append(cpu_share < WAITING_CPU_SHARE)
+
+    prober = threading.Thread(target=probe, name="aiovec-probe", daemon=True)
+    prober.start()
+    prober.join(PROBE_DEADLINE)
+    return verdict[0] if verdict else True

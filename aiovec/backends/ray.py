@@ -41,6 +41,7 @@ from aiovec._protocol import Command, Step, encode, to_wire, wire_command
 from aiovec._spaces import read_rows, write_rows
 from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit
 from aiovec.backends._ray_actor import TOKEN_SIZE, EnvActor, answer_decoder
+from aiovec.errors import WorkerCrashedError
 
 try:
     import ray
@@ -138,7 +139,11 @@ class RayBackend(Backend):
         self._owed[worker] = 0
 
     def _describe(self, worker: int) -> list[Any]:
-        description = ray.get(self._actors[worker].describe.remote())
+        try:
+            description = ray.get(self._actors[worker].describe.remote())
+        except ray.exceptions.RayActorError as exc:
+            hint = f"its Ray actor died while building its envs: {exc}".split("\n")[0]
+            raise WorkerCrashedError(worker, self.groups[worker], None, hint) from exc
         if not isinstance(description, tuple):  # an ErrorInfo: a factory raised
             raise description.to_exception()
         descriptions, cancels_late_envs = description
