@@ -48,6 +48,21 @@ CONCURRENCY = pytest.mark.parametrize(
 TRANSPORT = pytest.mark.parametrize("transport", ["link", "calls"])
 
 
+def test_a_link_over_tcp_gives_the_same_results(monkeypatch):
+    # As if the actors ran on other nodes: the links go over TCP instead of unix sockets.
+    import aiovec.backends.ray as ray_backend
+
+    monkeypatch.setattr(ray_backend, "this_node", lambda: "a node without actors")
+    space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (3,)), "k": gym.spaces.Discrete(4)})
+    env_fns = [partial(SpacesEnv, space, gym.spaces.MultiDiscrete([2, 3]))] * 4
+    mode = AutoresetMode.NEXT_STEP
+    expected = run(aiovec.VecEnv(env_fns, backend="process"), mode)
+    venv = aiovec.VecEnv(env_fns, backend="ray", num_workers=2)
+    assert all(link.sock.family == socket.AF_INET for link in venv._backend._transport._links)
+    for index, (a, e) in enumerate(zip(run(venv, mode), expected)):
+        assert_same(a, e, f"record[{index}]")
+
+
 @TRANSPORT
 @CONCURRENCY
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)

@@ -20,6 +20,7 @@ import secrets
 import socket
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any, Union
 
@@ -185,8 +186,9 @@ class EnvActor:
     async def link(self, token: bytes) -> tuple[str, str, int, str | None]:
         """Listen for the agent's connection; returns ``(node id, host, port, unix
         socket name)``: an agent on the same node connects to the unix socket (Linux'
-        abstract namespace: no file; ``None`` elsewhere), which costs about half as
-        much per message as TCP over loopback; others connect to ``host:port``.
+        abstract namespace: no file; ``None`` elsewhere), a fifth cheaper per round
+        trip than TCP over loopback (25-30 vs 32-36 us here); others connect to
+        ``host:port``.
 
         The first connection that sends ``token`` becomes the link; requests are then
         read from it and answers pushed to it until it closes. The link and the envs get
@@ -241,6 +243,9 @@ class EnvActor:
                     self._push()  # a command run one after the other: answered now
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the agent went away; Ray stops this actor
+        except Exception:  # aiovec's own failure, not an env's: drop the link, say why
+            traceback.print_exc()  # (to the actor's log)
+            writer.close()
 
     def _push(self) -> None:
         self._push_scheduled = False

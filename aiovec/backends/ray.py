@@ -260,7 +260,6 @@ class _Links:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup = Wakeup()
         self._poller: select.poll | None = None
-        self._node = ray.get_runtime_context().get_node_id()  # actors here: unix sockets
         self.closing = False
 
     def open(self, worker: int) -> None:
@@ -268,7 +267,7 @@ class _Links:
         token = secrets.token_bytes(TOKEN_SIZE)
         node, host, port, unix_name = ray.get(actor.link.remote(token))
         try:
-            if unix_name is not None and node == self._node:
+            if unix_name is not None and node == this_node():
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.settimeout(CONNECT_TIMEOUT)
                 sock.connect(unix_name)
@@ -342,7 +341,9 @@ class _Links:
             self._answers.append((worker, frame))
         if link.eof:
             self._drop(worker)
-            self._answers.append((worker, ActorDied("its Ray actor died (its link closed)")))
+            self._answers.append(
+                (worker, ActorDied("its Ray actor died or dropped its link (see its log)"))
+            )
 
     def _on_readable(self, worker: int) -> None:
         link = self._links[worker]
@@ -482,6 +483,11 @@ class _Calls:
         if isinstance(answer, ray.exceptions.RayActorError):
             answer = ActorDied(f"its Ray actor died: {answer}".split("\n")[0])
         return worker, answer
+
+
+def this_node() -> str:
+    """The Ray node id of this process (actors on it are linked through unix sockets)."""
+    return ray.get_runtime_context().get_node_id()
 
 
 def _spread(num_actors: int, actors_per_node: int) -> list[dict[str, Any]]:
