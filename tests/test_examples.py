@@ -19,6 +19,7 @@ CASES = {
         "done: average return",
     ),
     "sb3_ppo.py": (["--total-timesteps", "512", "--num-envs", "2"], "mean return"),
+    "ray_cluster.py": (["--seconds", "0.5", "--num-envs", "4"], "first-ready on backend='ray'"),
     "tcp_simulator.py": (
         ["--num-envs", "20", "--seconds", "0.5"],
         "TCP envs on backend='coroutine'",
