@@ -340,3 +340,31 @@ def test_the_probe_of_an_env_that_hangs_gives_up_and_the_actor_lives():
     started = time.monotonic()
     assert _ray_actor._mostly_waiting(partial(FaultyEnv, 0, "hang", 1)) is True
     assert time.monotonic() - started < _ray_actor.PROBE_DEADLINE + 1.0
+
+
+@TRANSPORT
+def test_large_image_observations_arrive_whole(transport):
+    def record(venv):
+        venv.action_space.seed(1)
+        results = [venv.reset(seed=1)]
+        results += [venv.step(venv.action_space.sample()) for _ in range(10)]
+        venv.close()
+        return results
+
+    expected = record(aiovec.make("aiovec/LargeObs-v0", 4, backend="process"))
+    options = {"transport": transport, "num_cpus": 0}
+    actual = record(
+        aiovec.make("aiovec/LargeObs-v0", 4, backend="ray", num_workers=2, ray_options=options)
+    )
+    assert actual[0][0].shape == (4, 84, 84, 4)
+    for index, (a, e) in enumerate(zip(actual, expected)):
+        assert_same(a, e, f"record[{index}]")
+
+
+def test_closing_after_ray_was_shut_down_starts_no_new_ray():
+    venv = aiovec.VecEnv([partial(CounterEnv, 0)], backend="ray")
+    venv.reset()
+    ray.shutdown()  # e.g. at interpreter exit, before the env's __del__
+    venv.close()
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # for later tests

@@ -228,14 +228,20 @@ class RayBackend(Backend):
 
     def close(self, timeout: float) -> None:
         self._transport.closing = True
-        actors = [actor for actor in self._actors if actor is not None]
-        if timeout and actors:
-            closing = [
-                actor.close.remote() for w, actor in enumerate(actors) if w not in self._dead
+        # Without Ray (shut down already, e.g. at interpreter exit) the actors are gone
+        # with it, or with their owner: any Ray call now would start a new Ray.
+        if ray.is_initialized():
+            live = [
+                actor
+                for worker, actor in enumerate(self._actors)
+                if actor is not None and worker not in self._dead
             ]
-            ray.wait(closing, num_returns=len(closing), timeout=timeout)
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+            if timeout and live:
+                closing = [actor.close.remote() for actor in live]
+                ray.wait(closing, num_returns=len(closing), timeout=timeout)
+            for actor in self._actors:
+                if actor is not None:
+                    ray.kill(actor, no_restart=True)
         self._transport.close()
         self._dead.update(range(len(self._actors)))
         if self._owns_ray and ray.is_initialized():
