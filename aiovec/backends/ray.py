@@ -249,7 +249,8 @@ class RayBackend(Backend):
 
 
 class _Links:
-    """The ``link`` transport: a TCP connection to each actor, watched like worker pipes.
+    """The ``link`` transport: a connection to each actor (unix socket on this node, TCP
+    elsewhere), watched like worker pipes.
 
     Answers are pushed by the actors; a pending ``closed`` call on each actor fails when
     the actor dies, which is reported through a socket pair so that both the event loop
