@@ -196,15 +196,20 @@ class RayBackend(Backend):
             self._inbox.append((worker, reply))
 
     def poll(self) -> list[Message]:
-        for worker, answer in self._transport.poll():
-            self._collect(worker, answer)
-        messages, self._inbox = self._inbox, []
-        return messages
+        return self._messages(self._transport.poll())
 
     async def wait(self, timeout: float | None = None) -> list[Message]:
         if not self._inbox:
             await self._transport.wait(timeout)
-        return self.poll()
+        # What woke us is already gathered (read by the loop's callbacks, or an awaited
+        # ref): no second pass over every link or in-flight call.
+        return self._messages(self._transport.take())
+
+    def _messages(self, answers: list[tuple[int, Any]]) -> list[Message]:
+        for worker, answer in answers:
+            self._collect(worker, answer)
+        messages, self._inbox = self._inbox, []
+        return messages
 
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:
         if not self._inbox:
@@ -309,6 +314,12 @@ class _Links:
         for worker, link in enumerate(self._links):
             if link is not None:
                 self._read(worker, link)
+        answers, self._answers = self._answers, []
+        return answers
+
+    def take(self) -> list[tuple[int, Any]]:
+        """What the loop's callbacks gathered (no reads)."""
+        self._take_deaths()
         answers, self._answers = self._answers, []
         return answers
 
@@ -439,14 +450,17 @@ class _Calls:
         self._in_flight[ref] = worker
         self._calls[worker] += 1
 
-    def poll(self) -> list[tuple[int, Any]]:
-        self._ask_for_the_rest()
-        # Awaited results first (already fetched), then whatever else Ray has ready.
-        answers = [
+    def take(self) -> list[tuple[int, Any]]:
+        """The awaited results (already fetched; no Ray call)."""
+        return [
             self._take(ref, future.result())
             for ref, future in list(self._futures.items())
             if future.done()
         ]
+
+    def poll(self) -> list[tuple[int, Any]]:
+        self._ask_for_the_rest()
+        answers = self.take()  # awaited results first, then whatever else Ray has ready
         if self._in_flight:
             ready, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight), timeout=0)
             answers += [self._take(ref, _fetch(ref)) for ref in ready]
