@@ -23,6 +23,17 @@ def worker_pids(venv) -> list[int]:
     return [process.pid for process in processes if process.pid is not None]
 
 
+def worker_processes() -> set[int]:
+    """Live processes below this one, except the zygote that outlives every vector env
+    by design (one per agent process, see ``aiovec._zygote``)."""
+    from aiovec import _zygote
+    from aiovec.bench.system import descendant_pids
+
+    zygote = _zygote._shared
+    zygote_pid = zygote._process.pid if zygote is not None else None
+    return {pid for pid in descendant_pids() if pid != zygote_pid and pid_alive(pid)}
+
+
 def shm_entries() -> set[str]:
     try:
         return set(os.listdir("/dev/shm"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aiovec
-from tests.conftest import pid_alive, worker_pids
+from tests.conftest import pid_alive, worker_pids, worker_processes
 from tests.envs import CounterEnv
 from tests.faulty import BadObservationEnv, FailingConstructorEnv, FaultyEnv
 from tests.helpers import random_traffic, start_agent
@@ -158,9 +158,7 @@ def test_bad_observation_is_an_error_not_a_corruption(backend):
 
 
 def test_failing_constructor_names_the_env_and_leaves_no_process(backend, no_leaks):
-    from aiovec.bench.system import descendant_pids
-
-    before = set(descendant_pids())
+    before = worker_processes()
     env_fns = [partial(CounterEnv, 0), partial(FailingConstructorEnv, 1)]
     with pytest.raises(aiovec.EnvError, match="env 1 raised OSError in make") as caught:
         aiovec.VecEnv(env_fns, backend=backend, num_workers=2) if backend == "process" else (
@@ -168,10 +166,9 @@ def test_failing_constructor_names_the_env_and_leaves_no_process(backend, no_lea
         )
     assert "cannot connect to simulator 1" in caught.value.worker_traceback
     deadline = time.monotonic() + 5
-    while set(descendant_pids()) - before and time.monotonic() < deadline:
+    while worker_processes() - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    leftover = [pid for pid in set(descendant_pids()) - before if pid_alive(pid)]
-    assert leftover == []
+    assert worker_processes() - before == set()
 
 
 def test_ctrl_c_during_a_step_closes_the_workers(tmp_path):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from functools import partial
@@ -212,23 +210,60 @@ def test_workers_die_when_the_parent_is_killed(tmp_path):
         agent.wait()
 
 
-def test_code_piped_through_stdin_gets_a_clear_error_before_any_process_starts():
-    source = (
-        "import aiovec\n"
-        "try:\n"
-        "    aiovec.make('CartPole-v1', 2, backend='process')\n"
-        "except RuntimeError as error:\n"
-        "    print(error)\n"
-        "venv = aiovec.make('CartPole-v1', 2, backend='process', context='fork')\n"
-        "venv.reset(); venv.close(); print('fork works')\n"
+def _wait_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [pid for pid in pids if pid_alive(pid)]
+
+
+@pytest.mark.parametrize("parent_signal", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("where", ["step", "constructor"])
+def test_workers_die_with_the_agent_while_an_env_is_hung(tmp_path, parent_signal, where):
+    """Every helper process (workers and whatever starts them) is gone within about a
+    second of the agent, even while an env is stuck in its step or its constructor."""
+    from aiovec.bench.system import descendant_pids
+
+    agent, _ = start_agent(
+        tmp_path,
+        f"""
+            import time
+            import aiovec
+
+            import gymnasium as gym
+            import numpy as np
+
+            class HangingEnv(gym.Env):
+                observation_space = gym.spaces.Box(-1, 1, (1,))
+                action_space = gym.spaces.Discrete(2)
+
+                def __init__(self):
+                    if {where == "constructor"!r}:
+                        print("", flush=True)
+                        while True:
+                            pass  # busy, never sleeping: only a signal stops it
+
+                def reset(self, *, seed=None, options=None):
+                    return np.zeros(1, dtype=np.float32), {{}}
+
+                def step(self, action):
+                    print("", flush=True)
+                    while True:
+                        pass
+
+            venv = aiovec.VecEnv([HangingEnv, HangingEnv], num_workers=2)
+            venv.reset()
+            print("", flush=True)
+            venv.step([0, 0])
+        """,
     )
-    result = subprocess.run(
-        [sys.executable, "-"],
-        input=source,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
-    assert "cannot re-import the main module" in result.stdout, result.stderr
-    assert "fork works" in result.stdout
+    try:
+        time.sleep(0.5)  # the envs are inside their step or constructor by now
+        helpers = descendant_pids(agent.pid)
+        assert len(helpers) >= 2
+        agent.send_signal(parent_signal)
+        agent.wait(10)
+        assert _wait_gone(helpers, 3.0) == []
+    finally:
+        agent.kill()
+        agent.wait()

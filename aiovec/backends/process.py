@@ -25,6 +25,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from aiovec import _zygote as zygote
 from aiovec._buffers import Buffers, buffers_nbytes, build_buffers
 from aiovec._channel import Channel, channel_pair
 from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
@@ -41,10 +42,12 @@ from aiovec._worker import worker_main
 from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit
 from aiovec.errors import FactoryPicklingError, WorkerCrashedError
 
-STARTUP_HINT = (
-    "it died while building its envs. If the script that creates the vector env has no "
-    "`if __name__ == '__main__':` guard, add one (the 'spawn' and 'forkserver' start "
-    "methods import the main module in every worker), or pass context='fork'"
+STARTUP_HINT = "it died while building its envs"
+#: With multiprocessing's spawn/forkserver, the likeliest cause of such a death.
+MAIN_GUARD_HINT = (
+    "; if the script that creates the vector env has no `if __name__ == '__main__':` "
+    "guard, add one (context='spawn' and 'forkserver' import the main module in every "
+    "worker), or leave context unset"
 )
 
 
@@ -52,9 +55,14 @@ STARTUP_HINT = (
 DEFAULT_SPIN = 200e-6
 
 
+#: ``context=`` values: aiovec's own zygote, or a multiprocessing start method.
+CONTEXTS = ("zygote", "forkserver", "spawn", "fork")
+
+
 def default_context() -> str:
-    """``forkserver`` where available (fast starts, safe with threads), else ``spawn``."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    """``zygote`` where available (Linux: fast starts, no ``__main__`` import, safe with
+    threads), else ``spawn``."""
+    return "zygote" if zygote.available() else "spawn"
 
 
 def _check_main_importable() -> None:
@@ -138,12 +146,19 @@ class ProcessBackend(Backend):
             self.groups.append(list(range(remote_envs, num_envs)))
 
         context = context or default_context()
-        if context != "fork":
+        if context not in CONTEXTS:
+            raise ValueError(f"context must be one of {CONTEXTS} (or None), got {context!r}")
+        if context == "zygote" and not zygote.available():
+            raise ValueError("context='zygote' needs Linux >= 5.3 (pidfd); use 'spawn'")
+        if context in ("spawn", "forkserver"):
             _check_main_importable()
-        self._context = multiprocessing.get_context(context)
-        if context == "forkserver":
-            # Workers fork from a server that has already imported numpy and gymnasium.
-            self._context.set_forkserver_preload(["aiovec._worker"])
+        self._startup_hint = STARTUP_HINT + (
+            MAIN_GUARD_HINT if context in ("spawn", "forkserver") else ""
+        )
+        # Workers fork from a process that has already imported numpy and gymnasium, and
+        # never import the user's __main__ (see aiovec._zygote).
+        self._zygote = zygote.shared() if context == "zygote" else None
+        self._context = None if self._zygote else multiprocessing.get_context(context)
         self._processes: list[multiprocessing.process.BaseProcess] = []
         self._connections: list[Channel] = []
         self._dead: set[int] = set()
@@ -178,22 +193,34 @@ class ProcessBackend(Backend):
     def _start(self, worker: int, restart_reason: str | None = None) -> None:
         """Start the process of ``worker`` (again, after a failure, with the reason)."""
         parent_end, child_end = channel_pair()
-        process = self._context.Process(
-            target=worker_main,
-            args=(child_end, self._payloads[worker], self.groups[worker][0]),
-            kwargs={
-                "autoreset_mode": self._autoreset_mode.value,
-                "spin": self.spin,
-                "max_restarts": self._max_restarts,
-                "restart_reason": restart_reason,
-                "step_timeout": self._step_timeout,
-            },
-            name=f"aiovec-worker-{worker}",
-            daemon=True,
-        )
+        args = (self._payloads[worker], self.groups[worker][0])
+        kwargs = {
+            "autoreset_mode": self._autoreset_mode.value,
+            "spin": self.spin,
+            "max_restarts": self._max_restarts,
+            "restart_reason": restart_reason,
+            "step_timeout": self._step_timeout,
+        }
+        try:
+            if self._zygote is not None:
+                if not self._zygote.alive:  # it died (killed by hand, OOM): start another
+                    self._zygote = zygote.shared()
+                process = self._zygote.spawn(worker_main, child_end, args, kwargs)
+            else:
+                process = self._context.Process(
+                    target=worker_main,
+                    args=(child_end, *args),
+                    kwargs=kwargs,
+                    name=f"aiovec-worker-{worker}",
+                    daemon=True,
+                )
+                process.start()
+        except BaseException:
+            parent_end.close()
+            raise
+        finally:
+            child_end.close()
         self._processes[worker], self._connections[worker] = process, parent_end
-        process.start()
-        child_end.close()
         self._worker_of_fd[process.sentinel] = worker
         self._worker_of_fd[parent_end.fileno()] = worker
 
@@ -215,7 +242,10 @@ class ProcessBackend(Backend):
                 except (EOFError, OSError):
                     self._processes[worker].join(1.0)
                     raise WorkerCrashedError(
-                        worker, self.groups[worker], self._processes[worker].exitcode, STARTUP_HINT
+                        worker,
+                        self.groups[worker],
+                        self._processes[worker].exitcode,
+                        self._startup_hint,
                     ) from None
                 assert isinstance(hello, Hello)
                 if hello.error is not None:

@@ -1,0 +1,338 @@
+"""Starting worker processes without importing the user's ``__main__``.
+
+multiprocessing's ``spawn`` and ``forkserver`` re-run the agent's main module in every
+worker (so scripts need an ``if __name__ == "__main__":`` guard, and code piped through
+stdin or typed in a notebook cannot start workers at all); ``fork`` copies a process that
+may have threads. Instead, each agent process starts one *zygote*: a fresh interpreter
+(``python -c``) that imports numpy, gymnasium and aiovec once, then forks a worker per
+request. The worker receives its channel socket by ``SCM_RIGHTS``; everything else it
+needs (the target function, the env factories) arrives pickled, with the agent's
+``sys.path``, working directory and custom Gymnasium registrations.
+
+Lifetime guarantees:
+
+- The zygote lives as long as the agent's control socket: when the agent exits or is
+  killed (SIGKILL included), the zygote sees end of file, SIGKILLs every worker it
+  forked and exits; workers also carry ``PR_SET_PDEATHSIG`` tied to the zygote. So
+  workers die within moments of the agent, whatever their env is doing.
+- The agent follows each worker through a pidfd (Linux >= 5.3), which becomes readable
+  when the worker exits and signals the exact process even after its pid is reused.
+  Exit codes come from the zygote, the worker's parent.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import cloudpickle
+
+_HEADER = struct.Struct("<I")
+
+
+def available() -> bool:
+    """Whether workers can be started by a zygote here (Linux with pidfd support)."""
+    return hasattr(os, "pidfd_open") and hasattr(socket, "send_fds") and sys.platform == "linux"
+
+
+# --- framing shared by both ends ------------------------------------------------------------
+
+
+def _send_frame(sock: socket.socket, data: bytes, fds: list[int] = ()) -> None:
+    frame = _HEADER.pack(len(data)) + data
+    sent = socket.send_fds(sock, [frame], list(fds)) if fds else 0
+    sock.sendall(memoryview(frame)[sent:])
+
+
+def _receive_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One frame and the descriptors that came with it; EOFError when the peer is gone."""
+    data, fds = bytearray(), []
+    needed = _HEADER.size
+    while len(data) < needed:
+        chunk, new_fds, _, _ = socket.recv_fds(sock, max(needed - len(data), 1 << 16), 4)
+        if not chunk:
+            for fd in new_fds + fds:
+                os.close(fd)
+            raise EOFError("the other end of the zygote's socket closed")
+        data += chunk
+        fds += new_fds
+        if len(data) >= _HEADER.size:
+            needed = _HEADER.size + _HEADER.unpack_from(data)[0]
+    assert len(data) == needed, "requests and answers alternate: never more than one frame"
+    return bytes(data[_HEADER.size :]), fds
+
+
+# --- the agent's side -------------------------------------------------------------------------
+
+
+class Zygote:
+    """The agent's handle on its zygote. One per agent process (see :func:`shared`);
+    safe to use from several threads (requests are serialized)."""
+
+    def __init__(self) -> None:
+        parent_end, child_end = socket.socketpair()
+        command = f"import aiovec._zygote as z; z.serve({child_end.fileno()})"
+        self._lock = threading.Lock()
+        self._sock = parent_end
+        self._pid_of_owner = os.getpid()
+        try:
+            self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    f"import aiovec._zygote as z; z.serve({child_end.fileno()})",
+                ],
+                pass_fds=(child_end.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            child_end.close()
+        hello, _ = _receive_frame(self._sock)
+        self._registry_ids: frozenset[str] = pickle.loads(hello)
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None and self._pid_of_owner == os.getpid()
+
+    def _request(self, message: Any, fds: list[int] = ()) -> Any:
+        with self._lock:
+            _send_frame(self._sock, pickle.dumps(message), fds)
+            answer, _ = _receive_frame(self._sock)
+        kind, value = pickle.loads(answer)
+        if kind == "error":
+            raise RuntimeError(f"the aiovec zygote could not start a worker: {value}")
+        return value
+
+    def spawn(
+        self, target: Any, sock: socket.socket, args: tuple = (), kwargs: dict | None = None
+    ) -> ZygoteProcess:
+        """Fork ``target(sock, *args, **kwargs)`` from the zygote; its process handle."""
+        # Unpickled in the worker only (after sys.path is set), never in the zygote.
+        blob = cloudpickle.dumps((target, args, kwargs or {}, self._custom_specs()))
+        pid = self._request(("spawn", (list(sys.path), os.getcwd(), blob)), [sock.fileno()])
+        return ZygoteProcess(self, pid)
+
+    def exitcode(self, pid: int) -> int | None:
+        """``pid``'s exit code once it has exited (negative: killed by that signal)."""
+        try:
+            return self._request(("status", pid))
+        except (OSError, EOFError):  # the zygote is gone: so is the code
+            return None
+
+    def _custom_specs(self) -> list[Any]:
+        """Gymnasium registrations made in the agent, which a fresh zygote lacks."""
+        import gymnasium
+
+        specs = []
+        for env_id, spec in gymnasium.registry.items():
+            if env_id not in self._registry_ids:
+                try:
+                    cloudpickle.dumps(spec)
+                except Exception:  # an entry point that cannot travel: make() will say so
+                    continue
+                specs.append(spec)
+        return specs
+
+    def close(self) -> None:
+        """Stop the zygote (its workers are killed with it)."""
+        self._sock.close()
+        if self._pid_of_owner == os.getpid():
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+
+_shared: Zygote | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> Zygote:
+    """This process's zygote, started on first use (and again if it died)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or not _shared.alive:
+            _shared = Zygote()
+        return _shared
+
+
+def _forget_after_fork() -> None:
+    """A forked child must not keep the parent's zygote alive, nor talk to it."""
+    global _shared, _shared_lock
+    _shared_lock = threading.Lock()
+    if _shared is not None:
+        try:
+            _shared._sock.close()
+        except OSError:
+            pass
+        _shared = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+class ZygoteProcess:
+    """A worker forked by the zygote, with the parts of ``multiprocessing.Process`` that
+    the process backend uses (``pid``, ``sentinel``, ``exitcode``, ``join``, ``kill``,
+    ``terminate``, ``close``)."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self._zygote = zygote
+        self.pid = pid
+        self.sentinel = os.pidfd_open(pid)  # readable once the process has exited
+        self._exitcode: int | None = None
+
+    def _exited(self, timeout: float | None = 0) -> bool:
+        if self.sentinel < 0:
+            return True
+        ready, _, _ = select.select([self.sentinel], [], [], timeout)
+        return bool(ready)
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._exitcode is None and self._exited():
+            self._exitcode = self._zygote.exitcode(self.pid)
+        return self._exitcode
+
+    def is_alive(self) -> bool:
+        return not self._exited()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._exited(timeout)
+
+    def _signal(self, signum: int) -> None:
+        if self.sentinel >= 0 and not self._exited():
+            try:
+                signal.pidfd_send_signal(self.sentinel, signum)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        if self.sentinel >= 0:
+            self.exitcode  # noqa: B018 -- fetch it while the zygote still knows it
+            os.close(self.sentinel)
+            self.sentinel = -1
+
+
+# --- the zygote's side ------------------------------------------------------------------------
+
+
+def serve(fd: int) -> None:
+    """The zygote's main loop: fork workers on request until the agent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the agent's to handle
+    agent = socket.socket(fileno=fd)
+    import gymnasium
+
+    import aiovec._worker  # noqa: F401 -- preload: numpy, gymnasium, aiovec
+
+    # SIGCHLD only wakes the loop (through this pipe); reaping happens in the loop.
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, int | None] = {}  # pid -> exit code once reaped
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            children[pid] = os.waitstatus_to_exitcode(status)
+
+    _send_frame(agent, pickle.dumps(frozenset(gymnasium.registry)))
+    try:
+        while True:
+            ready, _, _ = select.select([agent, wake_read], [], [])
+            if wake_read in ready:
+                os.read(wake_read, 4096)
+                reap()
+            if agent not in ready:
+                continue
+            try:
+                request, fds = _receive_frame(agent)
+            except (EOFError, OSError):
+                return
+            try:
+                kind, value = pickle.loads(request)
+                if kind == "spawn":
+                    answer = ("ok", _fork(value, fds, agent, (wake_read, wake_write)))
+                    children.setdefault(answer[1], None)
+                else:  # "status"
+                    reap()
+                    answer = ("ok", children.get(value))
+            except Exception as exc:
+                answer = ("error", f"{type(exc).__name__}: {exc}")
+            finally:
+                for descriptor in fds:
+                    os.close(descriptor)
+            _send_frame(agent, pickle.dumps(answer))
+    finally:
+        # The agent is gone (or stopped us): no worker may outlive it.
+        for pid, code in children.items():
+            if code is None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 5
+        while any(code is None for code in children.values()) and time.monotonic() < deadline:
+            reap()
+            time.sleep(0.01)
+
+
+def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, int]) -> int:
+    (worker_fd,) = fds
+    pid = os.fork()
+    if pid:
+        return pid
+    # The child: back to a plain process, then run the target; never return to the loop.
+    status = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        agent.close()
+        for descriptor in wake_fds:
+            os.close(descriptor)
+        sys_path, cwd, blob = spec
+        sys.path[:] = sys_path
+        try:
+            os.chdir(cwd)
+        except OSError:
+            pass
+        target, args, kwargs, specs = cloudpickle.loads(blob)
+        if specs:
+            import gymnasium
+
+            for env_spec in specs:
+                gymnasium.registry.setdefault(env_spec.id, env_spec)
+        target(socket.socket(fileno=worker_fd), *args, **kwargs)
+        status = 0
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)

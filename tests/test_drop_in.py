@@ -1,0 +1,92 @@
+"""Gymnasium-style code runs unchanged: scripts without a ``__main__`` guard, code from
+``python -c`` or stdin, envs registered in the main module."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+UNGUARDED = textwrap.dedent(
+    """
+    import gymnasium as gym
+    import numpy as np
+    import aiovec
+
+    class Walker(gym.Env):  # defined in __main__, as in a notebook or a quick script
+        observation_space = gym.spaces.Box(-10, 10, (1,))
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.x = 0.0
+            return np.array([self.x], dtype=np.float32), {}
+
+        def step(self, action):
+            self.x += 1.0 if action else -1.0
+            return np.array([self.x], dtype=np.float32), 1.0, abs(self.x) >= 5, False, {}
+
+    gym.register("MainModuleWalker-v0", entry_point=Walker)
+
+    venv = aiovec.make("CartPole-v1", 64)  # auto: probes, then may start workers
+    venv.reset(seed=0)
+    venv.step(venv.action_space.sample())
+    venv.close()
+    with aiovec.make("MainModuleWalker-v0", 4, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        observations, *_ = venv.step(np.ones(4, dtype=np.int64))
+        print("walker", observations[:, 0].tolist())
+    with aiovec.VecEnv([lambda: Walker() for _ in range(3)], num_workers=3) as venv:
+        venv.reset()
+        print("factories", venv.step(np.zeros(3, dtype=np.int64))[0][:, 0].tolist())
+    """
+)
+
+
+def _run(args: list[str], tmp_path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+
+
+@pytest.mark.parametrize("how", ["file", "-c", "stdin"])
+def test_unguarded_script_starts_workers(tmp_path, how):
+    if how == "file":
+        script = tmp_path / "train.py"
+        script.write_text(UNGUARDED)
+        result = _run([str(script)], tmp_path)
+    elif how == "-c":
+        result = _run(["-c", UNGUARDED], tmp_path)
+    else:
+        result = _run(["-"], tmp_path, stdin=UNGUARDED)
+    assert result.returncode == 0, result.stderr
+    assert "walker [1.0, 1.0, 1.0, 1.0]" in result.stdout
+    assert "factories [-1.0, -1.0, -1.0]" in result.stdout
+
+
+def test_stdin_with_spawn_context_gets_a_clear_error(tmp_path):
+    source = (
+        "import aiovec\n"
+        "try:\n"
+        "    aiovec.make('CartPole-v1', 2, backend='process', context='spawn')\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+    )
+    result = _run(["-"], tmp_path, stdin=source)
+    assert "cannot re-import the main module" in result.stdout, result.stderr
+
+
+def test_unknown_context_is_refused():
+    import aiovec
+
+    with pytest.raises(ValueError, match="context must be one of"):
+        aiovec.VecEnv([lambda: None], context="threads")
