@@ -86,11 +86,7 @@ class Zygote:
         self._pid_of_owner = os.getpid()
         try:
             self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    f"import aiovec._zygote as z; z.serve({child_end.fileno()})",
-                ],
+                [sys.executable, "-c", command],
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
             )
