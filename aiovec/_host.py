@@ -34,6 +34,7 @@ def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
         message=str(exc),
         traceback="".join(traceback.format_exception(exc)),
         timeout=exc.timeout if isinstance(exc, StepTimeoutError) else None,
+        exc_module=type(exc).__module__,
     )
 
 

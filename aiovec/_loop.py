@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import warnings
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -30,16 +32,39 @@ def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-def ensure_no_running_loop(method: str, async_method: str) -> None:
-    """Raise if called from a coroutine: blocking there would freeze the caller's loop."""
+_warned_about_blocking = False
+
+
+def check_blocking_call(method: str, async_method: str, *, deadlocks: bool = False) -> None:
+    """Allow a blocking call from inside a running event loop, as Gymnasium does (it
+    blocks that loop meanwhile); warn once, except in IPython/Jupyter, where every cell
+    runs inside a loop. ``deadlocks``: the call needs this very loop (async envs on the
+    coroutine backend), so it is refused with :class:`aiovec.SyncCallInEventLoopError`."""
+    global _warned_about_blocking
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return
-    raise SyncCallInEventLoopError(
-        f"{method}() blocks and was called from inside a running event loop; "
-        f"use `await venv.{async_method}(...)` there instead"
+    if deadlocks:
+        raise SyncCallInEventLoopError(
+            f"{method}() was called from inside the running event loop that steps this "
+            f"vector env's async envs: blocking would deadlock; use `await "
+            f"venv.{async_method}(...)` there instead"
+        )
+    if _warned_about_blocking or _in_ipython():
+        return
+    _warned_about_blocking = True
+    warnings.warn(
+        f"{method}() blocks the running event loop until it returns; in a coroutine, "
+        f"use `await venv.{async_method}(...)` so that other tasks keep running",
+        RuntimeWarning,
+        stacklevel=4,
     )
+
+
+def _in_ipython() -> bool:
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
 
 
 def run(main: Coroutine[Any, Any, T], *, loop: str = "auto") -> T:

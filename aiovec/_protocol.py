@@ -104,13 +104,22 @@ class ErrorInfo(msgspec.Struct, array_like=True):
     traceback: str
     #: Set when the env's command was cancelled for taking longer than this (seconds).
     timeout: Union[float, None] = None
+    #: The module of the exception's class, to re-create its type where it is raised.
+    exc_module: Union[str, None] = None
 
     def to_exception(self) -> EnvError | StepTimeoutError:
         """The exception the user sees for this error: :class:`aiovec.EnvError`, or
         :class:`aiovec.StepTimeoutError` for a cancelled late command."""
         if self.timeout is not None:
             return StepTimeoutError(None, [self.env_id], [self.env_id], self.timeout)
-        return EnvError(self.env_id, self.operation, self.exc_type, self.message, self.traceback)
+        return EnvError.create(
+            self.env_id,
+            self.operation,
+            self.exc_type,
+            self.message,
+            self.traceback,
+            self.exc_module,
+        )
 
 
 class Reply(msgspec.Struct, array_like=True, tag=True):

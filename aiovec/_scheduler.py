@@ -11,8 +11,10 @@ Messages are applied synchronously (:meth:`Scheduler.dispatch`), never across an
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -22,7 +24,12 @@ import numpy as np
 
 from aiovec._protocol import Command, Reply
 from aiovec.backends._base import Backend, Message, WorkerExit
-from aiovec.errors import StepTimeoutError, WorkerCrashedError
+from aiovec.errors import (
+    ClosedError,
+    StepTimeoutError,
+    WaitTimeoutError,
+    WorkerCrashedError,
+)
 
 logger = logging.getLogger("aiovec")
 
@@ -94,15 +101,24 @@ class Scheduler:
             for worker, group in enumerate(backend.groups)
         ]
         self.ready_queue: deque[int] = deque()
-        self.num_busy = 0
+        self.num_busy = 0  # envs with a command in flight
+        self.num_stepping = 0  # of those, envs with a step in flight (what recv waits for)
         self.infos: dict[int, dict] = {}  # env id -> its non-empty info, until taken
         self.errors: dict[int, Exception] = {}  # env id -> failure to report instead of a result
         self.observations: list[Any] = [None] * num_envs  # for spaces not in shared memory
         self.dead_workers: dict[int, WorkerCrashedError] = {}
         #: Set while the synchronous API drives a coroutine: waits block instead of awaiting.
         self.blocking = False
+        #: Set by :meth:`close`: every waiter, present and future, raises ClosedError.
+        self.closed = False
         self._tickets: dict[int, Ticket] = {}
         self._sequence = itertools.count(1)
+        # Any number of tasks may wait at once. One of them (the pump) waits on the
+        # backend and applies what arrives; the others park on a future each, woken
+        # whenever the state changes, and one of them takes over when the pump leaves.
+        self._pumping = False
+        self._parked: set[asyncio.Future] = set()
+        self._async_thread: int | None = None  # the thread whose tasks wait here
 
     # --- sending ------------------------------------------------------------------------
 
@@ -146,7 +162,11 @@ class Scheduler:
             self._tickets[seq] = ticket
             self._mark(rows, BUSY)
             self.num_busy += len(group)
+            if is_step:
+                self.num_stepping += len(group)
             tickets.append(ticket)
+        if self._parked:  # e.g. an inline backend: the results are already waiting
+            self._wake_parked()
         return tickets
 
     # --- receiving ----------------------------------------------------------------------
@@ -155,19 +175,27 @@ class Scheduler:
         """Apply backend messages until ``condition()`` holds.
 
         With :attr:`blocking` set (the synchronous API), waits block in the kernel and
-        the coroutine never suspends; otherwise they await the running event loop.
+        the coroutine never suspends; otherwise they await the running event loop, and
+        always give other tasks a turn first. Any number of tasks may wait at once, each
+        for its own condition; ``condition`` may raise to give up.
 
         Raises:
-            TimeoutError: ``timeout`` seconds passed first (nothing is lost).
+            aiovec.WaitTimeoutError: ``timeout`` seconds passed first (nothing is lost).
+            aiovec.ClosedError: the vector env was closed meanwhile.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.blocking:
+            self._check_thread()
+            await asyncio.sleep(0)  # never starve the loop's other tasks
         while not condition():
+            if self.closed:
+                raise ClosedError(reason="the vector env was closed while this call waited")
             now = time.monotonic()
             remaining = None
             if deadline is not None:
                 remaining = deadline - now
                 if remaining <= 0:
-                    raise TimeoutError(f"no result within {timeout} s")
+                    raise WaitTimeoutError(f"no result within {timeout} s")
             if self.step_timeout is not None and self._tickets:
                 expires = min(
                     ticket.sent_at + self._kill_after(ticket.worker)
@@ -179,8 +207,69 @@ class Scheduler:
                 remaining = expires - now if remaining is None else min(remaining, expires - now)
             if self.blocking:
                 self.dispatch(self.backend.wait_blocking(remaining))
+            elif self._pumping:
+                await self._park(remaining)
             else:
-                self.dispatch(await self.backend.wait(remaining))
+                self._pumping = True
+                try:
+                    messages = await self.backend.wait(remaining)
+                finally:
+                    self._pumping = False
+                    if self._parked:  # one of them becomes the pump if it still waits
+                        self._wake_parked()
+                if messages:
+                    self.dispatch(messages, pump=True)
+                elif self.backend.completes_inline:
+                    # Nothing can arrive by itself: wait for another task to act.
+                    await self._park(remaining)
+
+    async def _park(self, timeout: float | None) -> None:
+        """Sleep until the state changes (or ``timeout``)."""
+        future = asyncio.get_running_loop().create_future()
+        self._parked.add(future)
+        try:
+            if timeout is None:
+                await future
+            else:
+                await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._parked.discard(future)
+
+    def _wake_parked(self) -> None:
+        for future in self._parked:
+            if not future.done():
+                future.set_result(None)
+        self._parked.clear()
+
+    def _check_thread(self) -> None:
+        thread = threading.get_ident()
+        if self._async_thread is None or not (self._pumping or self._parked):
+            self._async_thread = thread
+        elif thread != self._async_thread:
+            raise RuntimeError(
+                "this vector env is awaited from two threads at once; a vector env belongs "
+                "to one thread (or event loop) at a time: hand results between threads "
+                "with a queue instead"
+            )
+
+    def check_sync_call(self) -> None:
+        """Refuse a blocking call from a thread other than the one whose tasks wait here."""
+        if (self._pumping or self._parked) and threading.get_ident() != self._async_thread:
+            raise RuntimeError(
+                "a blocking call was made from another thread while tasks of this vector "
+                "env await it in their event loop's thread; a vector env belongs to one "
+                "thread at a time: call it from the loop's thread "
+                "(loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe)"
+            )
+
+    def close(self) -> None:
+        """Wake every waiting task: they raise :class:`aiovec.ClosedError`."""
+        self.closed = True
+        self._wake_parked()
+        if self._pumping:
+            self.backend.interrupt()
 
     def _kill_after(self, worker: int) -> float:
         """Seconds after which a command still unanswered gets ``worker`` killed."""
@@ -197,8 +286,18 @@ class Scheduler:
                 self._timed_out[ticket.worker] = ticket.env_ids
                 self.backend.kill(ticket.worker)
 
-    def dispatch(self, messages: list[Message]) -> None:
-        """Apply what the workers said: finish tickets, fill the ready-queue."""
+    def dispatch(self, messages: list[Message], pump: bool = False) -> None:
+        """Apply what the workers said: finish tickets, fill the ready-queue; wake the
+        waiting tasks (``pump``: the caller is the task that waits on the backend)."""
+        if not messages:
+            return
+        self._apply(messages)
+        if self._parked:
+            self._wake_parked()
+        if self._pumping and not pump:
+            self.backend.interrupt()  # the pump's own condition may hold now
+
+    def _apply(self, messages: list[Message]) -> None:
         for worker, message in messages:
             if isinstance(message, WorkerExit):
                 self._worker_exited(worker, message)
@@ -287,6 +386,7 @@ class Scheduler:
                 if error is not None:
                     self.errors[env_id] = error
         self.num_busy -= len(env_ids)
+        self.num_stepping -= len(env_ids)
         self._mark(ticket.rows if env_ids is ticket.env_ids else env_ids, READY)
         self.ready_queue.extend(env_ids)
 
@@ -304,6 +404,16 @@ class Scheduler:
             state = self.state
             for env_id in rows:
                 state[env_id] = value
+
+    def stepping_env_ids(self) -> set[int]:
+        """The envs with a step in flight (for error messages: not on the hot path)."""
+        return {
+            env_id
+            for ticket in self._tickets.values()
+            if ticket.is_step
+            for env_id in ticket.env_ids
+            if not ticket.answered or env_id not in ticket.answered
+        }
 
     def take_ready(self, limit: int) -> list[int]:
         """Up to ``limit`` env ids from the ready-queue, oldest first, marked IDLE."""

@@ -22,6 +22,7 @@ Lifetime guarantees:
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import select
@@ -158,8 +159,15 @@ def shared() -> Zygote:
     global _shared
     with _shared_lock:
         if _shared is None or not _shared.alive:
+            if _shared is None:
+                atexit.register(_close_shared)
             _shared = Zygote()
         return _shared
+
+
+def _close_shared() -> None:
+    if _shared is not None and _shared._pid_of_owner == os.getpid():
+        _shared.close()
 
 
 def _forget_after_fork() -> None:

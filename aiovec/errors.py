@@ -7,6 +7,8 @@ They subclass the matching built-in or Gymnasium exception, so code written for
 
 from __future__ import annotations
 
+import multiprocessing
+import sys
 from collections.abc import Sequence
 
 import gymnasium.error
@@ -19,13 +21,23 @@ class AiovecError(Exception):
 class EnvError(AiovecError):
     """An environment raised an exception inside ``operation`` (reset, step, call, make ...).
 
+    The exception raised is also an instance of the env's own exception class when that
+    class can be found in this process (an env's ``ValueError`` is caught by
+    ``except ValueError``, as with Gymnasium's ``AsyncVectorEnv``); its message and
+    attributes are aiovec's.
+
     Attributes:
         env_index: index of the env in the vector env.
         operation: what the env was doing.
         exc_type: name of the original exception class (e.g. ``"ValueError"``).
         exc_message: the original exception's message.
         worker_traceback: the traceback as formatted where the env ran.
+        exc_module: the module of the original exception class (``"builtins"`` ...).
     """
+
+    def __new__(cls, env_index: int = 0, *args: object, **kwargs: object) -> EnvError:
+        # Exception bases such as OSError interpret constructor arguments; give none.
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -34,28 +46,81 @@ class EnvError(AiovecError):
         exc_type: str,
         exc_message: str,
         worker_traceback: str = "",
+        exc_module: str | None = None,
     ) -> None:
         self.env_index = env_index
         self.operation = operation
         self.exc_type = exc_type
         self.exc_message = exc_message
         self.worker_traceback = worker_traceback
+        self.exc_module = exc_module
         text = f"env {env_index} raised {exc_type} in {operation}(): {exc_message}"
         if worker_traceback:
             text += f"\n\nTraceback from the env's worker:\n{worker_traceback.rstrip()}"
-        super().__init__(text)
+        self._text = text
+        Exception.__init__(self, text)
+
+    def __str__(self) -> str:
+        return self._text
+
+    @classmethod
+    def create(
+        cls,
+        env_index: int,
+        operation: str,
+        exc_type: str,
+        exc_message: str,
+        worker_traceback: str = "",
+        exc_module: str | None = None,
+    ) -> EnvError:
+        """An ``EnvError`` that is also an instance of the env's exception class, when
+        that class is loaded here and can be combined; a plain ``EnvError`` otherwise."""
+        error_class = _env_error_class(cls, exc_module, exc_type)
+        return error_class(
+            env_index, operation, exc_type, exc_message, worker_traceback, exc_module
+        )
 
     def __reduce__(self):  # keep pickling (e.g. through Ray) lossless
         return (
-            type(self),
+            _rebuild_env_error,
             (
                 self.env_index,
                 self.operation,
                 self.exc_type,
                 self.exc_message,
                 self.worker_traceback,
+                self.exc_module,
             ),
         )
+
+
+_ENV_ERROR_CLASSES: dict[tuple[str | None, str], type[EnvError]] = {}
+
+
+def _env_error_class(base: type[EnvError], module: str | None, qualname: str) -> type[EnvError]:
+    key = (module, qualname)
+    known = _ENV_ERROR_CLASSES.get(key)
+    if known is not None:
+        return known
+    found: object = sys.modules.get(module) if module else None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    error_class = base
+    if (
+        isinstance(found, type)
+        and issubclass(found, Exception)
+        and not issubclass(found, AiovecError)
+    ):
+        try:
+            error_class = type(f"EnvError[{qualname}]", (base, found), {"__module__": __name__})
+        except TypeError:  # an exception class that cannot be combined (layout): plain
+            error_class = base
+    _ENV_ERROR_CLASSES[key] = error_class
+    return error_class
+
+
+def _rebuild_env_error(*args: object) -> EnvError:
+    return EnvError.create(*args)  # type: ignore[arg-type]
 
 
 class WorkerCrashedError(AiovecError):
@@ -96,7 +161,7 @@ def _describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-class StepTimeoutError(WorkerCrashedError):
+class StepTimeoutError(WorkerCrashedError, multiprocessing.TimeoutError):
     """Envs did not answer within ``step_timeout``: their worker was killed, or, for
     async envs (coroutine backend, or a worker process or Ray actor of async envs), the
     late env's command alone was cancelled (``worker_index`` is then ``None``; the other
@@ -131,16 +196,40 @@ class StepTimeoutError(WorkerCrashedError):
 
 
 class ClosedError(AiovecError, gymnasium.error.ClosedEnvironmentError):
-    """The vector env was used after :meth:`~aiovec.VecEnv.close`."""
+    """The vector env was used after :meth:`~aiovec.VecEnv.close`, or closed while a task
+    awaited it."""
 
-    def __init__(self, operation: str) -> None:
+    def __init__(self, operation: str = "", *, reason: str | None = None) -> None:
         super().__init__(
-            f"cannot {operation}: the vector env is closed; create a new one with aiovec.make()"
+            reason
+            or f"cannot {operation}: the vector env is closed; create a new one with aiovec.make()"
         )
+
+
+class WaitTimeoutError(AiovecError, TimeoutError, multiprocessing.TimeoutError):
+    """A wait's ``timeout`` passed before its results arrived; nothing is lost (a later
+    call returns them). Both the builtin ``TimeoutError`` and
+    ``multiprocessing.TimeoutError`` (what Gymnasium's ``AsyncVectorEnv`` raises)."""
 
 
 class EnvBusyError(AiovecError, RuntimeError):
     """An operation targeted envs that still have an action in flight or an unread result."""
+
+
+class PendingCallError(EnvBusyError, gymnasium.error.AlreadyPendingCallError):
+    """A ``*_async`` call was made while another one waits for its ``*_wait``."""
+
+    def __init__(self, message: str, name: str) -> None:
+        RuntimeError.__init__(self, message)
+        self.name = name
+
+
+class NoPendingCallError(AiovecError, gymnasium.error.NoAsyncCallError):
+    """A ``*_wait`` call was made without the matching ``*_async`` call."""
+
+    def __init__(self, message: str, name: str) -> None:
+        Exception.__init__(self, message)
+        self.name = name
 
 
 class NothingInFlightError(AiovecError, RuntimeError):

@@ -12,18 +12,24 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.error import NoAsyncCallError
+from gymnasium import logger
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from aiovec._auto import choose_backend
 from aiovec._infos import add_info, batch_infos
-from aiovec._loop import ensure_no_running_loop
+from aiovec._loop import check_blocking_call
 from aiovec._protocol import Call, Reset, SetAttr, Step
 from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
 from aiovec._spaces import batch_checker, copy_buffer, is_shareable, read_rows, write_rows
 from aiovec.backends._base import Backend
-from aiovec.errors import ClosedError, EnvBusyError, NothingInFlightError
+from aiovec.errors import (
+    ClosedError,
+    EnvBusyError,
+    NoPendingCallError,
+    NothingInFlightError,
+    PendingCallError,
+)
 
 BACKENDS = ("process", "inline", "coroutine", "ray")
 
@@ -261,8 +267,7 @@ class VecEnv(VectorEnv):
         If the awaiting task is cancelled, the steps still complete and their results
         can be collected with :meth:`recv`.
         """
-        self._send(actions, None, stream=False)
-        return await self._step_wait()
+        return await self._step_wait(self._send(actions, None, stream=False))
 
     # --- async API: first-ready ---------------------------------------------------------------
 
@@ -280,7 +285,7 @@ class VecEnv(VectorEnv):
         """
         self._send(actions, env_ids, stream=True)
 
-    def _send(self, actions: Any, env_ids: Any, stream: bool) -> None:
+    def _send(self, actions: Any, env_ids: Any, stream: bool) -> list[Ticket]:
         self._check_open("send")
         env_ids, rows = self._resolve_env_ids(env_ids)
         scheduler = self._scheduler
@@ -304,7 +309,7 @@ class VecEnv(VectorEnv):
             def make_step(seq: int, group: list[int]) -> Step:
                 return Step(seq, group, [per_env_actions[i] for i in group], stream)
 
-        scheduler.submit(env_ids, make_step, is_step=True)
+        return scheduler.submit(env_ids, make_step, is_step=True)
 
     async def recv(
         self, max_envs: int | None = None, *, min_envs: int = 1, timeout: float | None = None
@@ -325,18 +330,24 @@ class VecEnv(VectorEnv):
         self._check_open("recv")
         _check_max_envs(max_envs)
         scheduler = self._scheduler
-        outstanding = scheduler.num_busy + len(scheduler.ready_queue)
-        if outstanding == 0:
-            raise NothingInFlightError(
-                "recv() would wait forever: no env has an action in flight; "
-                "call send(actions, env_ids) first"
-            )
-        wanted = min(max(min_envs, 1), outstanding)
+        queue = scheduler.ready_queue
+        min_envs = max(min_envs, 1)
 
         def enough_ready() -> bool:
-            return len(scheduler.ready_queue) >= wanted
+            # Only step results can come: resets and calls in flight are not waited for.
+            # Re-checked on every change, so results taken by another task, or envs
+            # failing, can never leave this waiting for something that cannot come.
+            ready = len(queue)
+            outstanding = ready + scheduler.num_stepping
+            if outstanding == 0:
+                raise NothingInFlightError(
+                    "recv() would wait forever: no env has a step in flight or a result "
+                    "waiting; call send(actions, env_ids) first"
+                )
+            return ready >= min(min_envs, outstanding)
 
-        await self._scheduler.wait_until(enough_ready, timeout)
+        enough_ready()  # fail at once when there is nothing to wait for
+        await scheduler.wait_until(enough_ready, timeout)
         return self._take_batch(max_envs)
 
     def recv_nowait(self, max_envs: int | None = None) -> Batch | None:
@@ -395,9 +406,9 @@ class VecEnv(VectorEnv):
 
     # --- shared pieces of lockstep stepping and resetting -----------------------------------
 
-    async def _step_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+    async def _step_wait(self, tickets: list[Ticket], timeout: float | None = None) -> tuple:
         scheduler = self._scheduler
-        await self._scheduler.wait_until(lambda: scheduler.num_busy == 0, timeout)
+        await scheduler.wait_until(lambda: all(ticket.done for ticket in tickets), timeout)
         env_ids = sorted(scheduler.take_ready(self.num_envs))
         try:
             self._raise_first_error(env_ids)
@@ -562,12 +573,12 @@ class VecEnv(VectorEnv):
         self, *, seed: int | Sequence[int | None] | None = None, options: dict | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset all envs (or ``options["reset_mask"]``); see :meth:`areset`."""
-        ensure_no_running_loop("reset", "areset")
+        self._blocking_call("reset", "areset")
         return self._run(self.areset(seed=seed, options=options))
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; see :meth:`astep`."""
-        ensure_no_running_loop("step", "astep")
+        self._blocking_call("step", "astep")
         return self._run(self.astep(actions))
 
     def call(
@@ -575,7 +586,7 @@ class VecEnv(VectorEnv):
     ) -> tuple[Any, ...]:
         """Call ``name`` on every env or on ``env_ids`` (or read it, if not callable);
         see :meth:`acall`."""
-        ensure_no_running_loop("call", "acall")
+        self._blocking_call("call", "acall")
         return self._run(self.acall(name, *args, env_ids=env_ids, **kwargs))
 
     def apply(
@@ -586,7 +597,7 @@ class VecEnv(VectorEnv):
         **kwargs: Any,
     ) -> tuple[Any, ...]:
         """Run ``function(env, *args, **kwargs)`` on each env; see :meth:`aapply`."""
-        ensure_no_running_loop("apply", "aapply")
+        self._blocking_call("apply", "aapply")
         return self._run(self.aapply(function, *args, env_ids=env_ids, **kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
@@ -595,7 +606,7 @@ class VecEnv(VectorEnv):
 
     def set_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:
         """Set attribute ``name`` on every env (or ``env_ids``); see :meth:`aset_attr`."""
-        ensure_no_running_loop("set_attr", "aset_attr")
+        self._blocking_call("set_attr", "aset_attr")
         self._run(self.aset_attr(name, values, env_ids))
 
     def render(self) -> tuple[Any, ...] | None:
@@ -625,7 +636,8 @@ class VecEnv(VectorEnv):
         self, seed: int | Sequence[int | None] | None = None, options: dict | None = None
     ) -> None:
         """Start a reset; finish it with :meth:`reset_wait`."""
-        self._begin("reset", self._reset_submit(seed, options))
+        self._begin("reset")
+        self._pending = ("reset", self._reset_submit(seed, options))
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict]:
         """Finish :meth:`reset_async`."""
@@ -633,44 +645,48 @@ class VecEnv(VectorEnv):
 
     def step_async(self, actions: Any) -> None:
         """Start a step of every env; finish it with :meth:`step_wait`."""
-        self._begin("step", None)
-        try:
-            self._send(actions, None, stream=False)
-        except BaseException:
-            self._pending = None
-            raise
+        self._begin("step")
+        self._pending = ("step", self._send(actions, None, stream=False))
 
     def step_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`step_async`."""
-        self._end("step")
-        return self._run(self._step_wait(timeout))
+        return self._run(self._step_wait(self._end("step"), timeout))
 
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Start a call on every env; finish it with :meth:`call_wait`."""
-        self._begin("call", self._call_submit(name, args, kwargs))
+        self._begin("call")
+        self._pending = ("call", self._call_submit(name, args, kwargs))
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`call_async`."""
         return self._run(self._call_wait(*self._end("call"), timeout))
 
-    def _begin(self, kind: str, state: Any) -> None:
+    def _begin(self, kind: str) -> None:
+        """Refuse a ``*_async`` call while another one is pending (before anything is sent)."""
         self._check_open(kind)
         if self._pending is not None:
-            raise EnvBusyError(
-                f"cannot start {kind}_async: a {self._pending[0]}_async call is pending; "
-                f"call {self._pending[0]}_wait() first"
+            pending = self._pending[0]
+            raise PendingCallError(
+                f"Calling `{kind}_async` while waiting for a pending call to `{pending}` to "
+                f"complete: call {pending}_wait() first",
+                pending,
             )
-        self._pending = (kind, state)
 
     def _end(self, kind: str) -> Any:
-        ensure_no_running_loop(f"{kind}_wait", f"a{kind}")
+        self._blocking_call(f"{kind}_wait", f"a{kind}")
         self._check_open(f"{kind}_wait")
         if self._pending is None or self._pending[0] != kind:
-            raise NoAsyncCallError(
+            raise NoPendingCallError(
                 f"Calling `{kind}_wait` without any prior call to `{kind}_async`.", kind
             )
         state, self._pending = self._pending[1], None
         return state
+
+    def _blocking_call(self, method: str, async_method: str) -> None:
+        """Checks before a synchronous call (see :func:`aiovec._loop.check_blocking_call`)."""
+        check_blocking_call(method, async_method, deadlocks=self.backend == "coroutine")
+        if not self.closed:
+            self._scheduler.check_sync_call()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -700,6 +716,13 @@ class VecEnv(VectorEnv):
         killing them) and release shared memory. Idempotent."""
         if terminate:
             timeout = 0
+        if self._pending is not None and not terminate:
+            logger.warn(
+                f"Calling close while waiting for a pending call to `{self._pending[0]}` "
+                "to complete."
+            )
+        self._pending = None
+        self._scheduler.close()  # tasks still awaiting this env raise ClosedError
         self._backend.close(self.close_timeout if timeout is None else timeout)
 
     def close(self, **kwargs: Any) -> None:
@@ -729,6 +752,7 @@ class VecEnv(VectorEnv):
             return
         closing = getattr(self._backend, "aclose", None)
         if closing is not None:
+            self._scheduler.close()
             try:
                 await closing(self.close_timeout)
             finally:
@@ -756,17 +780,28 @@ class VecEnv(VectorEnv):
             return
         state = scheduler.state
         busy = [i for i in env_ids if state[i] != IDLE]
+        if busy and scheduler.num_busy:  # replies that arrived but were not applied yet
+            scheduler.dispatch(self._backend.poll())
+            busy = [i for i in env_ids if state[i] != IDLE]
         if busy:
             in_flight = [i for i in busy if state[i] == BUSY]
             unread = [i for i in busy if state[i] != BUSY]
+            stepping = scheduler.stepping_env_ids()
             detail = []
-            if in_flight:
-                detail.append(f"envs {_brief(in_flight)} still have an action in flight")
+            if [i for i in in_flight if i in stepping]:
+                actions = [i for i in in_flight if i in stepping]
+                detail.append(f"envs {_brief(actions)} still have an action in flight")
+            if [i for i in in_flight if i not in stepping]:
+                others = [i for i in in_flight if i not in stepping]
+                detail.append(
+                    f"envs {_brief(others)} still run a reset or call (whose awaiting task may "
+                    "have been cancelled: it completes in the background)"
+                )
             if unread:
                 detail.append(f"envs {_brief(unread)} have a result not yet taken by recv()")
             raise EnvBusyError(
                 f"cannot {operation} these envs: {'; '.join(detail)}. "
-                "Await recv() to collect their results first."
+                "Await recv() to collect step results first, or retry once they are done."
             )
 
     def _resolve_env_ids(self, env_ids: Any) -> tuple[list[int], Any]:

@@ -11,6 +11,7 @@ import pytest
 from gymnasium.error import NoAsyncCallError
 
 import aiovec
+import aiovec._loop
 from tests.envs import CounterEnv, SpacesEnv
 from tests.helpers import assert_cancelled_recv_loses_nothing, random_traffic
 
@@ -122,14 +123,53 @@ async def test_bad_env_ids_are_rejected(backend, env_ids, error):
         assert venv._scheduler.num_busy == 0
 
 
-async def test_sync_methods_inside_event_loop_are_rejected(backend):
+async def test_sync_methods_inside_a_running_loop_block_as_gymnasium_does(backend, monkeypatch):
+    """As in a notebook: the synchronous API works inside a running loop (blocking it),
+    with one RuntimeWarning that names the await to use; tasks parked on the env are
+    woken by what the blocking call applied."""
+    monkeypatch.setattr(aiovec._loop, "_warned_about_blocking", False)
     async with aiovec.VecEnv(counter_envs(2), backend=backend) as venv:
+        with pytest.warns(RuntimeWarning, match="await venv.areset"):
+            observations, _ = venv.reset()
+        assert observations.tolist() == [[0, 0], [1, 0]]
+        observations, *_ = venv.step([0, 0])
+        assert observations[:, 1].tolist() == [1, 1]
+        venv.send([0], env_ids=[1])
+        waiter = asyncio.ensure_future(venv.recv())
+        await asyncio.sleep(0.05)
+        assert venv.call("env_index", env_ids=[0]) == (0,)  # while the task waits
+        batch = await asyncio.wait_for(waiter, 10)
+        assert batch.env_ids.tolist() == [1]
+        assert await venv.acall("env_index") == (0, 1)
+
+
+async def test_sync_call_on_the_loop_of_async_envs_is_refused():
+    from tests.async_envs import AsyncCounterEnv
+
+    async with aiovec.VecEnv([AsyncCounterEnv] * 2, backend="coroutine") as venv:
         with pytest.raises(aiovec.SyncCallInEventLoopError, match="await venv.areset"):
             venv.reset()
         await venv.areset()
-        with pytest.raises(aiovec.SyncCallInEventLoopError, match="await venv.astep"):
-            venv.step([0, 0])
-        assert await venv.acall("env_index") == (0, 1)
+
+
+def test_sync_methods_inside_ipython_do_not_warn(monkeypatch):
+    """In IPython/Jupyter every cell runs inside a loop: no warning there."""
+    import sys
+    import types
+    import warnings
+
+    fake = types.ModuleType("IPython")
+    fake.get_ipython = lambda: object()
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    monkeypatch.setattr(aiovec._loop, "_warned_about_blocking", False)
+
+    async def cell():
+        with aiovec.VecEnv(counter_envs(2), backend="inline") as venv, warnings.catch_warnings():
+            warnings.simplefilter("error")
+            venv.reset()
+            return venv.step([0, 0])[0].tolist()
+
+    assert asyncio.run(cell()) == [[0, 1], [1, 1]]
 
 
 async def test_subset_reset_in_first_ready_mode(backend):

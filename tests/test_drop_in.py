@@ -90,3 +90,59 @@ def test_unknown_context_is_refused():
 
     with pytest.raises(ValueError, match="context must be one of"):
         aiovec.VecEnv([lambda: None], context="threads")
+
+
+# --- Gymnasium's exception contract ------------------------------------------------------
+
+
+class _ValueErrorEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
+    def step(self, action):
+        raise ValueError(f"bad action {action}")
+
+
+def test_an_env_exception_is_caught_by_its_own_class(backend):
+    import aiovec
+
+    with aiovec.VecEnv([_ValueErrorEnv, _ValueErrorEnv], backend=backend) as venv:
+        venv.reset()
+        with pytest.raises(ValueError, match="bad action 1") as caught:
+            venv.step([1, 1])
+        assert isinstance(caught.value, aiovec.EnvError)
+        assert caught.value.env_index == 0
+        assert "in step" in caught.value.worker_traceback
+
+
+def test_timeouts_are_multiprocessing_timeout_errors():
+    import multiprocessing
+    from functools import partial
+
+    import aiovec
+    from tests.envs import CounterEnv
+
+    with aiovec.VecEnv([partial(CounterEnv, 0, delay=0.5)], backend="process") as venv:
+        venv.reset()
+        venv.step_async([0])
+        with pytest.raises(multiprocessing.TimeoutError) as caught:
+            venv.step_wait(timeout=0.01)
+        assert isinstance(caught.value, TimeoutError)
+        assert isinstance(caught.value, aiovec.WaitTimeoutError)
+
+
+def test_pending_call_errors_are_gymnasiums(backend):
+    from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
+
+    import aiovec
+    from tests.envs import CounterEnv
+
+    with aiovec.VecEnv([CounterEnv, CounterEnv], backend=backend) as venv:
+        with pytest.raises(NoAsyncCallError):
+            venv.step_wait()
+        venv.reset_async()
+        with pytest.raises(AlreadyPendingCallError, match="pending call to `reset`"):
+            venv.step_async([0, 0])
+        venv.reset_wait()
+        venv.step_async([0, 0])
+        with pytest.raises(AlreadyPendingCallError):
+            venv.reset_async()
+        with pytest.warns(UserWarning, match="pending call to `step`"):
+            venv.close()

@@ -91,6 +91,9 @@ class Backend(abc.ABC):
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:
         """Like :meth:`wait`, blocking the thread instead (no event loop involved)."""
 
+    def interrupt(self) -> None:  # noqa: B027 -- optional: backends whose wait returns at once
+        """Make a pending :meth:`wait` return now (with what it has, maybe nothing)."""
+
     #: True when the backend cancels late commands itself (given ``step_timeout``), env by
     #: env; the scheduler then never kills its workers for lateness.
     enforces_step_timeout: bool = False

@@ -74,6 +74,9 @@ class CoroutineBackend(LocalBackend):
         self._inbox.append(message)
         self._wakeup.wake()
 
+    def interrupt(self) -> None:
+        self._wakeup.wake()
+
     def poll(self) -> list[Message]:
         messages, self._inbox = self._inbox, []
         return messages

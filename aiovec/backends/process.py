@@ -315,6 +315,9 @@ class ProcessBackend(Backend):
         except OSError:  # it died just now; its exit is reported through the sentinel
             pass
 
+    def interrupt(self) -> None:
+        self._wakeup.wake()
+
     def poll(self) -> list[Message]:
         for worker, connection in enumerate(self._connections):
             if worker not in self._dead:

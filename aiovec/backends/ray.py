@@ -195,6 +195,9 @@ class RayBackend(Backend):
             self._owed[worker] -= len(env_ids)
             self._inbox.append((worker, reply))
 
+    def interrupt(self) -> None:
+        self._transport.interrupt()
+
     def poll(self) -> list[Message]:
         return self._messages(self._transport.poll())
 
@@ -316,6 +319,9 @@ class _Links:
                 self._read(worker, link)
         answers, self._answers = self._answers, []
         return answers
+
+    def interrupt(self) -> None:
+        self._wakeup.wake()
 
     def take(self) -> list[tuple[int, Any]]:
         """What the loop's callbacks gathered (no reads)."""
@@ -440,7 +446,12 @@ class _Calls:
         self._in_flight: dict[Any, int] = {}  # object ref -> worker
         self._calls = [0] * backend.num_workers  # exchange calls in flight, per actor
         self._futures: dict[Any, asyncio.Future] = {}
+        self._interrupted: asyncio.Future | None = None
         self.closing = False
+
+    def interrupt(self) -> None:
+        if self._interrupted is not None and not self._interrupted.done():
+            self._interrupted.set_result(None)
 
     def open(self, worker: int) -> None:
         self._calls[worker] = 0
@@ -472,9 +483,15 @@ class _Calls:
             for ref in self._in_flight:  # object refs are awaitable: one future each
                 if ref not in self._futures:
                     self._futures[ref] = asyncio.ensure_future(_await(ref))
-            await asyncio.wait(
-                list(self._futures.values()), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
+            self._interrupted = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait(
+                    [*self._futures.values(), self._interrupted],
+                    timeout=timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                self._interrupted = None
 
     def wait_blocking(self, timeout: float | None) -> None:
         self._ask_for_the_rest()

@@ -1,0 +1,162 @@
+"""Several tasks (and threads) awaiting one vector env: nobody hangs, nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+
+import aiovec
+from tests.envs import CounterEnv
+
+BOUND = 20  # seconds: any wait longer than this is a hang
+
+
+def counter_envs(count: int, **kwargs) -> list:
+    return [partial(CounterEnv, i, **kwargs) for i in range(count)]
+
+
+async def test_a_call_from_a_second_task_while_stepping_first_ready(backend):
+    """The curriculum pattern: one task loops recv/send, another awaits acall/aset_attr
+    on one env; both go on."""
+    async with aiovec.VecEnv(counter_envs(4, delay=0.002), backend=backend) as venv:
+        await venv.areset()
+        venv.send(np.zeros(4, dtype=np.int64))
+        results = 0
+        stop = False
+
+        async def stepping() -> None:
+            nonlocal results
+            while not stop:
+                batch = await venv.recv()
+                results += len(batch.env_ids)
+                venv.send(np.zeros(len(batch.env_ids), dtype=np.int64), batch.env_ids)
+
+        stepper = asyncio.ensure_future(stepping())
+        for level in range(5):
+            await asyncio.wait_for(venv.aset_attr("level", level, env_ids=[0]), BOUND)
+            assert await asyncio.wait_for(venv.acall("level", env_ids=[0]), BOUND) == (level,)
+        before = results
+        await asyncio.sleep(0.05)
+        stop = True
+        await asyncio.wait_for(stepper, BOUND)
+        assert results > before  # the stepping task kept being woken
+
+
+async def test_two_tasks_receiving_at_once_both_finish(backend):
+    async with aiovec.VecEnv(counter_envs(4, delay=0.01), backend=backend) as venv:
+        await venv.areset()
+        venv.send(np.zeros(4, dtype=np.int64))
+
+        async def receive() -> list[int]:
+            taken = []
+            while True:
+                try:
+                    batch = await venv.recv(max_envs=1)
+                except aiovec.NothingInFlightError:  # the other task took the rest
+                    return taken
+                taken += batch.env_ids.tolist()
+
+        first, second = await asyncio.wait_for(asyncio.gather(receive(), receive()), BOUND)
+        assert sorted(first + second) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("closing", ["close", "aclose"])
+async def test_closing_wakes_every_waiting_task(backend, closing):
+    venv = aiovec.VecEnv(counter_envs(2, delay=5), backend="process")
+    await venv.areset()
+    venv.send([0, 0])
+    waiters = [asyncio.ensure_future(venv.recv()) for _ in range(3)]
+    waiters.append(asyncio.ensure_future(venv.acall("env_index")))
+    await asyncio.sleep(0.05)
+    if closing == "close":
+        venv.close(timeout=0)
+    else:
+        await venv.aclose()
+    for waiter in waiters:
+        with pytest.raises(aiovec.ClosedError, match="closed while"):
+            await asyncio.wait_for(waiter, BOUND)
+
+
+async def test_recv_does_not_wait_for_resets_or_calls(backend):
+    async with aiovec.VecEnv(counter_envs(3, delay=0.01), backend=backend) as venv:
+        await venv.areset()
+        resetting = asyncio.ensure_future(venv.areset())
+        await asyncio.sleep(0)
+        with pytest.raises(aiovec.NothingInFlightError):
+            await asyncio.wait_for(venv.recv(min_envs=3), BOUND)
+        await asyncio.wait_for(resetting, BOUND)
+        venv.send([0], env_ids=[1])
+        batch = await asyncio.wait_for(venv.recv(min_envs=3), BOUND)  # 1 is all that can come
+        assert batch.env_ids.tolist() == [1]
+
+
+async def test_recv_after_a_cancelled_reset_does_not_hang(backend):
+    async with aiovec.VecEnv(counter_envs(2, delay=0.01), backend=backend) as venv:
+        task = asyncio.ensure_future(venv.areset())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(aiovec.NothingInFlightError):
+            await asyncio.wait_for(venv.recv(), BOUND)
+        deadline = time.monotonic() + BOUND
+        while True:  # the cancelled reset completes in the background
+            try:
+                observations, _ = await venv.areset()
+                break
+            except aiovec.EnvBusyError as error:
+                assert "reset or call" in str(error)
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+        assert observations.shape == (2, 2)
+
+
+async def test_every_await_gives_other_tasks_a_turn(backend):
+    """A first-ready loop on fast envs (inline: results are ready at once) must not
+    starve a heartbeat task."""
+    beats = 0
+
+    async def heartbeat() -> None:
+        nonlocal beats
+        while True:
+            beats += 1
+            await asyncio.sleep(0)
+
+    async with aiovec.VecEnv(counter_envs(2), backend=backend) as venv:
+        await venv.areset()
+        beating = asyncio.ensure_future(heartbeat())
+        venv.send([0, 0])
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            batch = await venv.recv()
+            venv.send(np.zeros(len(batch.env_ids), dtype=np.int64), batch.env_ids)
+        await venv.recv(min_envs=2)
+        beating.cancel()
+    assert beats > 10
+
+
+async def test_a_blocking_call_from_another_thread_is_refused_while_tasks_wait():
+    async with aiovec.VecEnv(counter_envs(2, delay=0.5), backend="process") as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        waiter = asyncio.ensure_future(venv.recv(min_envs=2))
+        await asyncio.sleep(0.05)
+        errors = []
+
+        def other_thread() -> None:
+            try:
+                venv.call("env_index")
+            except RuntimeError as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, BOUND)
+        assert errors and "another thread" in str(errors[0])
+        batch = await asyncio.wait_for(waiter, BOUND)
+        assert sorted(batch.env_ids.tolist()) == [0, 1]
