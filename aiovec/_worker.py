@@ -25,6 +25,7 @@ import cloudpickle
 from gymnasium.vector import AutoresetMode
 
 from aiovec._async_server import AsyncEnvServer
+from aiovec._auto import WAITING_CPU_SHARE
 from aiovec._buffers import build_buffers
 from aiovec._channel import Channel
 from aiovec._host import EnvBuildError, EnvHost, StepOutcome, build_envs, describe, error_info
@@ -38,6 +39,7 @@ from aiovec._protocol import (
     encode,
     encode_reply,
 )
+from aiovec._threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 
 
@@ -61,12 +63,17 @@ def worker_main(
     max_restarts: int = 0,
     restart_reason: str | None = None,
     step_timeout: float | None = None,
+    concurrent_envs: bool | None = None,
 ) -> None:
     """Entry point of a worker process; returns when the parent says so or goes away.
 
     A worker of async envs cancels an env's command that takes longer than
     ``step_timeout`` on its own (the others go on); blocking envs cannot be interrupted
     from inside, so the parent kills their worker instead.
+
+    Blocking envs that mostly wait (sleep, IO, a remote simulator) are stepped
+    concurrently, a thread each, answering first-ready; CPU-bound envs one after the
+    other. ``concurrent_envs=None`` decides from the first steps' CPU share.
     """
     _die_with_parent()
     connection = Channel(sock)
@@ -98,10 +105,14 @@ def worker_main(
             host.attach(
                 build_buffers(observation_space, action_space, num_envs, region.allocator())
             )
-            if async_envs:
-                new_event_loop().run_until_complete(_serve_async(connection, host, step_timeout))
-            else:
-                _serve(connection, host, spin)
+            if not async_envs and not concurrent_envs:
+                measure = concurrent_envs is None and len(envs) > 1
+                if not _serve(connection, host, spin, measure):
+                    return  # told to stop
+            if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
+                host.threads = EnvThreads("aiovec-env")
+                step_timeout = None
+            new_event_loop().run_until_complete(_serve_async(connection, host, step_timeout))
         finally:
             host.close()
     except (EOFError, ConnectionError):
@@ -112,17 +123,34 @@ def worker_main(
 STREAM_INTERVAL = 100e-6
 
 
-def _serve(connection: Channel, host: EnvHost, spin: float) -> None:
+#: Step time measured before a worker decides whether its envs mostly wait.
+MEASURE_SECONDS = 0.02
+
+
+def _serve(connection: Channel, host: EnvHost, spin: float, measure: bool) -> bool:
+    """Serve commands one after the other until ``Close`` (returns False) or, with
+    ``measure``, until the envs' steps turn out to mostly wait (returns True: serve them
+    concurrently from now on)."""
     receive, send = connection.receive, connection.send
     step_times: dict[int, float] = {}
+    wall = cpu = 0.0
     while True:
         command = decode_command(receive(spin))
         if isinstance(command, Close):
-            return
+            return False
+        if measure and isinstance(command, Step):
+            wall_start, cpu_start = time.perf_counter(), time.thread_time()
         if isinstance(command, Step) and command.stream and len(command.env_ids) > 1:
             _stream_step(send, host, command, step_times)
         else:
             send(encode_reply(host.execute(command)))
+        if measure and isinstance(command, Step):
+            wall += time.perf_counter() - wall_start
+            cpu += time.thread_time() - cpu_start
+            if wall >= MEASURE_SECONDS:
+                if cpu < WAITING_CPU_SHARE * wall:
+                    return True
+                measure = False  # CPU-bound: one after the other is right
 
 
 async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float | None) -> None:

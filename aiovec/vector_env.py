@@ -104,6 +104,12 @@ class VecEnv(VectorEnv):
             Blocking envs cannot be interrupted from inside: the process and Ray
             backends kill the late env's worker (with ``"restart"``: rebuild it).
 
+        concurrent_envs: process backend: whether a worker steps its blocking envs
+            concurrently, a thread each, answering first-ready (``True``), or one after
+            the other (``False``). Default ``None``: a worker of several envs measures
+            its first steps and goes concurrent when they mostly wait (sleep, IO).
+            CPU-bound envs gain nothing from threads. Async envs are always concurrent.
+
     Raises:
         aiovec.EnvError: an env factory raised (names the env index).
         aiovec.FactoryPicklingError: a factory cannot be sent to a worker.
@@ -129,6 +135,7 @@ class VecEnv(VectorEnv):
         max_restarts: int = 3,
         step_timeout: float | None = None,
         ray_options: dict[str, Any] | None = None,
+        concurrent_envs: bool | None = None,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -189,6 +196,7 @@ class VecEnv(VectorEnv):
                 inline_envs=inline_envs,
                 max_restarts=restarts,
                 step_timeout=step_timeout,
+                concurrent_envs=concurrent_envs,
             )
         self.backend = backend
         #: Worker processes (process backend) or actors (Ray); 0 when envs run here.

@@ -114,6 +114,7 @@ class ProcessBackend(Backend):
         inline_envs: int = 0,
         max_restarts: int = 0,
         step_timeout: float | None = None,
+        concurrent_envs: bool | None = None,
     ) -> None:
         num_envs = len(env_fns)
         if not 0 <= inline_envs < num_envs:
@@ -140,6 +141,7 @@ class ProcessBackend(Backend):
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
         self._step_timeout = step_timeout
+        self._concurrent_envs = concurrent_envs
         self._async_workers: set[int] = set()  # workers of async envs (they time envs out)
         self._local: EnvHost | None = None
         if inline_envs:
@@ -200,6 +202,7 @@ class ProcessBackend(Backend):
             "max_restarts": self._max_restarts,
             "restart_reason": restart_reason,
             "step_timeout": self._step_timeout,
+            "concurrent_envs": self._concurrent_envs,
         }
         try:
             if self._zygote is not None:

@@ -1,0 +1,69 @@
+"""Blocking envs that mostly wait are stepped concurrently inside a worker process;
+CPU-bound ones one after the other."""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import partial
+
+import numpy as np
+
+import aiovec
+from tests.envs import CounterEnv
+
+_barrier = None
+
+
+class BarrierEnv(CounterEnv):
+    """Each step waits until ``parties`` envs of its process are inside a step at once:
+    it can only succeed when they are stepped concurrently."""
+
+    def __init__(self, env_index: int = 0, parties: int = 4) -> None:
+        super().__init__(env_index)
+        global _barrier
+        if _barrier is None:
+            _barrier = threading.Barrier(parties, timeout=10)
+
+    def step(self, action):
+        _barrier.wait()
+        return super().step(action)
+
+
+class BusyEnv(CounterEnv):
+    def step(self, action):
+        deadline = time.thread_time() + 0.002
+        while time.thread_time() < deadline:
+            pass
+        return super().step(action)
+
+
+def _thread_name(env) -> str:
+    return threading.current_thread().name
+
+
+def test_waiting_envs_of_one_worker_step_concurrently():
+    env_fns = [partial(BarrierEnv, i) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=1, concurrent_envs=True) as venv:
+        venv.reset()
+        for step in range(1, 4):
+            observations, *_ = venv.step(np.zeros(4, dtype=np.int64))
+            assert observations[:, 1].tolist() == [step] * 4
+
+
+def test_a_worker_finds_out_that_its_envs_mostly_wait():
+    env_fns = [partial(CounterEnv, i, delay=0.005) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=1) as venv:
+        venv.reset()
+        for _ in range(3):
+            venv.step(np.zeros(4, dtype=np.int64))
+        assert all(name.startswith("aiovec-env") for name in venv.apply(_thread_name))
+
+
+def test_cpu_bound_envs_stay_one_after_the_other():
+    env_fns = [partial(BusyEnv, i) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=1) as venv:
+        venv.reset()
+        for _ in range(10):
+            venv.step(np.zeros(4, dtype=np.int64))
+        assert venv.apply(_thread_name) == ("MainThread",) * 4
