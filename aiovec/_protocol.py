@@ -211,8 +211,59 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         array = array.copy()  # own the memory: the message buffer is reused
         return array[()] if is_scalar else array
     if code == _PICKLE_EXT:
-        return pickle.loads(data)
+        try:
+            return pickle.loads(data)
+        except Exception as exc:  # reported to the caller by the envs, see undecodable_reply
+            return Undecodable(f"{type(exc).__name__}: {exc}")
     raise ValueError(f"unknown msgpack extension {code}")
+
+
+class Undecodable:
+    """Stands for a value that could not be unpickled where it arrived."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _find_undecodable(value: Any) -> Undecodable | None:
+    if isinstance(value, Undecodable):
+        return value
+    if isinstance(value, (list, tuple)):
+        items: Any = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        return None
+    for item in items:
+        found = _find_undecodable(item)
+        if found is not None:
+            return found
+    return None
+
+
+_OPERATIONS = {Reset: "reset", Step: "step", Call: "call", SetAttr: "set_attr"}
+
+
+def undecodable_reply(command: Command) -> Reply | None:
+    """For a command carrying a value that could not be unpickled here: the reply that
+    fails it for each of its envs (the worker goes on); ``None`` for a sound command."""
+    if isinstance(command, Step) and command.actions is None:
+        return None  # the hot path: nothing pickled
+    values = [getattr(command, field, None) for field in ("options", "actions", "args")]
+    values += [getattr(command, field, None) for field in ("kwargs", "function", "values")]
+    found = _find_undecodable(values)
+    if found is None:
+        return None
+    operation = _OPERATIONS.get(type(command), "command")
+    message = (
+        f"an argument of {operation}() could not be unpickled in the env's process "
+        f"({found.reason}); send values whose classes the env's process can import"
+    )
+    errors = [
+        ErrorInfo(env_id, operation, "TypeError", message, "", exc_module="builtins")
+        for env_id in command.env_ids
+    ]
+    return Reply(command.seq, command.env_ids, errors=errors)
 
 
 def wire_command(command: Command) -> Command:

@@ -154,12 +154,16 @@ class Scheduler:
         """Send one command per worker; ``make_command(seq, env_ids_of_that_worker)``."""
         tickets = []
         now = time.monotonic()
+        # Build and encode every worker's command first: a value that cannot travel, or
+        # a worker that is gone, fails the whole call before any worker was sent a thing.
+        prepared = []
         for worker, group, rows in self.split(env_ids):
-            seq = next(self._sequence)
-            command = make_command(seq, group)
+            command = make_command(next(self._sequence), group)
+            prepared.append((worker, group, rows, command, self.backend.prepare(worker, command)))
+        for worker, group, rows, command, payload in prepared:
             ticket = Ticket(worker, group, rows, is_step, command, now)
-            self.backend.submit(worker, command)
-            self._tickets[seq] = ticket
+            self.backend.submit(worker, payload)
+            self._tickets[command.seq] = ticket
             self._mark(rows, BUSY)
             self.num_busy += len(group)
             if is_step:
@@ -340,7 +344,7 @@ class Scheduler:
                     answered = ticket.answered
                     positions = [p for p, e in enumerate(command.env_ids) if e not in answered]
                     command = command.subset(positions)
-                self.backend.submit(worker, command)
+                self.backend.submit(worker, self.backend.prepare(worker, command))
             return
         self.dead_workers[worker] = crash
         for seq, ticket in in_flight:

@@ -38,6 +38,7 @@ from aiovec._protocol import (
     decode_command,
     encode,
     encode_reply,
+    undecodable_reply,
 )
 from aiovec._threads import EnvThreads
 from aiovec.async_env import AsyncEnv
@@ -138,6 +139,10 @@ def _serve(connection: Channel, host: EnvHost, spin: float, measure: bool) -> bo
         command = decode_command(receive(spin))
         if isinstance(command, Close):
             return False
+        failed = undecodable_reply(command)
+        if failed is not None:  # the caller's error, not the worker's: answer and go on
+            send(encode_reply(failed))
+            continue
         if measure and isinstance(command, Step):
             wall_start, cpu_start = time.perf_counter(), time.thread_time()
         if isinstance(command, Step) and command.stream and len(command.env_ids) > 1:
@@ -167,6 +172,10 @@ async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float |
             command = decode_command(frame)
             if isinstance(command, Close):
                 break
+            failed = undecodable_reply(command)
+            if failed is not None:
+                connection.send(encode_reply(failed))
+                continue
             server.submit(command, loop)
         else:
             if not connection.eof:

@@ -21,7 +21,17 @@ from aiovec._infos import add_info, batch_infos
 from aiovec._loop import check_blocking_call
 from aiovec._protocol import Call, Reset, SetAttr, Step
 from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
-from aiovec._spaces import batch_checker, copy_buffer, is_shareable, read_rows, write_rows
+from aiovec._spaces import (
+    batch_checker,
+    batch_values,
+    check_observation_mode,
+    copy_buffer,
+    is_shareable,
+    observation_spaces,
+    read_rows,
+    split_batch,
+    write_rows,
+)
 from aiovec.backends._base import Backend
 from aiovec.errors import (
     ClosedError,
@@ -109,11 +119,21 @@ class VecEnv(VectorEnv):
             the other (``False``). Default ``None``: a worker of several envs measures
             its first steps and goes concurrent when they mostly wait (sleep, IO).
             CPU-bound envs gain nothing from threads. Async envs are always concurrent.
+        observation_mode: how the envs' observation spaces are batched, as in
+            ``gymnasium.vector.AsyncVectorEnv``: ``"same"`` (every env's space must equal
+            env 0's), ``"different"`` (spaces may differ, e.g. in bounds, but must share
+            shape and dtype: ``observation_space`` is ``batch_differing_spaces`` of
+            them) or a ``(observation_space, single_observation_space)`` tuple of your
+            own, whose single space the envs' spaces must match in shape and dtype.
+            ``single_observation_space`` is env 0's in the first two.
 
     Raises:
         aiovec.EnvError: an env factory raised (names the env index).
         aiovec.FactoryPicklingError: a factory cannot be sent to a worker.
-        RuntimeError: the envs do not all have the same spaces.
+        RuntimeError: the envs' observation spaces do not fit ``observation_mode``, or
+            their action spaces differ.
+        ValueError / TypeError: an invalid ``observation_mode``, or (``"different"``)
+            spaces that ``batch_differing_spaces`` cannot batch.
     """
 
     #: True until construction succeeds, so close() and __del__ of a half-built env do nothing.
@@ -136,7 +156,9 @@ class VecEnv(VectorEnv):
         step_timeout: float | None = None,
         ray_options: dict[str, Any] | None = None,
         concurrent_envs: bool | None = None,
+        observation_mode: str | tuple[gym.Space, gym.Space] = "same",
     ) -> None:
+        self.observation_mode = check_observation_mode(observation_mode)
         env_fns = list(env_fns)
         if not env_fns:
             raise ValueError("env_fns is empty: a vector env needs at least one env factory")
@@ -228,21 +250,18 @@ class VecEnv(VectorEnv):
         self.closed = False
 
     def _set_spaces(self, descriptions: list[tuple[Any, ...]]) -> None:
-        observation_space, action_space, metadata, render_mode, _ = descriptions[0]
-        for index, (obs_space, act_space, *_) in enumerate(descriptions):
-            if obs_space != observation_space:
-                raise RuntimeError(
-                    f"env {index} has observation_space {obs_space}, env 0 has "
-                    f"{observation_space}; all envs of a vector env must have the same spaces"
-                )
+        _, action_space, metadata, render_mode, _ = descriptions[0]
+        self.single_observation_space, self.observation_space = observation_spaces(
+            self.observation_mode, [description[0] for description in descriptions]
+        )
+        for index, (_, act_space, *_) in enumerate(descriptions):
             if act_space != action_space:
                 raise RuntimeError(
-                    f"env {index} has action_space {act_space}, env 0 has {action_space}; "
-                    "all envs of a vector env must have the same spaces"
+                    f"Some environments have an action space different from `{action_space}`. "
+                    "In order to batch actions, the action spaces from all environments must "
+                    f"be equal. (env {index} has action_space {act_space})"
                 )
-        self.single_observation_space = observation_space
         self.single_action_space = action_space
-        self.observation_space = batch_space(observation_space, self.num_envs)
         self.action_space = batch_space(action_space, self.num_envs)
         self.metadata = dict(metadata)
         self.metadata["autoreset_mode"] = self.autoreset_mode
@@ -305,14 +324,16 @@ class VecEnv(VectorEnv):
                 f"envs {done} ended their episode and autoreset_mode is DISABLED: reset them "
                 "first with reset(options={'reset_mask': mask})"
             )
-        batch = self._check_actions(actions, len(env_ids))
-        if self._actions_shared:
+        batch, exact = self._check_actions(actions, len(env_ids))
+        if exact:  # every array has its space's dtype (so the space is shareable)
             write_rows(self._buffers.actions, rows, batch)
 
             def make_step(seq: int, group: list[int]) -> Step:
                 return Step(seq, group, None, stream)
         else:
-            per_env_actions = dict(zip(env_ids, batch))
+            # By value: parts that have no shared buffer, or arrays of another dtype than
+            # the space's, which the envs receive as the caller passed them (as in Gymnasium).
+            per_env_actions = dict(zip(env_ids, split_batch(self.action_space, batch)))
 
             def make_step(seq: int, group: list[int]) -> Step:
                 return Step(seq, group, [per_env_actions[i] for i in group], stream)
@@ -376,7 +397,9 @@ class VecEnv(VectorEnv):
         observations = (
             read_rows(buffers.observations, rows)
             if self._observations_shared
-            else tuple(scheduler.observations[i] for i in env_ids)
+            else batch_values(
+                self.single_observation_space, [scheduler.observations[i] for i in env_ids]
+            )
         )
         return Batch(
             observations,
@@ -437,24 +460,14 @@ class VecEnv(VectorEnv):
 
     def _full_observations(self) -> Any:
         if not self._observations_shared:
-            return tuple(self._scheduler.observations)
+            return batch_values(self.single_observation_space, self._scheduler.observations)
         return copy_buffer(self._buffers.observations) if self.copy else self._buffers.observations
 
     def _reset_submit(
         self, seed: int | Sequence[int | None] | None, options: dict | None
     ) -> list[Ticket]:
         self._check_open("reset")
-        if seed is None:
-            seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(
-                    f"If seeds are passed as a list the length must match num_envs={self.num_envs} "
-                    f"but got length={len(seeds)}."
-                )
+        seeds = _seeds(seed, self.num_envs)
         env_ids = self._scheduler.all_env_ids
         per_env = isinstance(options, (list, tuple))
         if per_env:
@@ -536,6 +549,8 @@ class VecEnv(VectorEnv):
         function: Callable[..., Any] | None = None,
     ) -> tuple[list[int], list[Ticket]]:
         self._check_open(f"call {name!r}")
+        if function is None:
+            _check_name(name, "call")
         ids, _ = self._resolve_env_ids(env_ids)
         self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(
@@ -558,6 +573,7 @@ class VecEnv(VectorEnv):
         """Set attribute ``name`` on every env (or on ``env_ids``): ``values`` has one
         entry per env (a list or tuple), or is one value for all."""
         self._check_open(f"set_attr {name!r}")
+        _check_name(name, "set_attr")
         ids, _ = self._resolve_env_ids(env_ids)
         if not isinstance(values, (list, tuple)):
             values = [values] * len(ids)
@@ -834,6 +850,47 @@ class VecEnv(VectorEnv):
             duplicates = sorted({i for i in ids if ids.count(i) > 1})
             raise ValueError(f"env_ids contain duplicates: {_brief(duplicates)}")
         return ids, ids
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _seeds(seed: Any, num_envs: int) -> list[int | None]:
+    """One seed (a Python int, or None) per env, from what ``reset(seed=...)`` accepts:
+    ``None``, a non-negative int (env ``i`` gets ``seed + i``), or one int or ``None`` per
+    env (numpy integers count as ints)."""
+    if seed is None:
+        return [None] * num_envs
+    if _is_int(seed):
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        return [int(seed) + i for i in range(num_envs)]
+    if isinstance(seed, (str, bytes, dict)) or not hasattr(seed, "__len__"):
+        raise TypeError(
+            f"seed must be None, a non-negative int, or a list of {num_envs} such seeds "
+            f"(one per env), got {seed!r}"
+        )
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise ValueError(
+            f"If seeds are passed as a list the length must match num_envs={num_envs} "
+            f"but got length={len(seeds)}."
+        )
+    for index, item in enumerate(seeds):
+        if item is not None and not (_is_int(item) and item >= 0):
+            raise TypeError(
+                f"seed[{index}] is {item!r}: each seed must be None or a non-negative int"
+            )
+    return [None if item is None else int(item) for item in seeds]
+
+
+def _check_name(name: Any, operation: str) -> None:
+    if not isinstance(name, str):
+        raise TypeError(
+            f"{operation}() needs the name of an env attribute or method as a str, "
+            f"got {name!r}; use apply(function) to run a function on each env"
+        )
 
 
 def _check_max_envs(max_envs: int | None) -> None:

@@ -75,9 +75,19 @@ class Backend(abc.ABC):
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
         """Create the buffers every worker reads actions from and writes results to."""
 
+    def prepare(self, worker: int, command: Command) -> Any:
+        """``command`` ready for :meth:`submit` (encoded, where it travels).
+
+        Raises here, never in :meth:`submit`, when the command cannot be sent (a value
+        that cannot be encoded, a worker that is gone), so that a command for several
+        workers is sent to all of them or to none.
+        """
+        return command
+
     @abc.abstractmethod
-    def submit(self, worker: int, command: Command) -> None:
-        """Queue ``command`` for ``worker``; never blocks on the envs."""
+    def submit(self, worker: int, command: Any) -> None:
+        """Queue a command made by :meth:`prepare` for ``worker``; never blocks on the
+        envs and never fails."""
 
     @abc.abstractmethod
     def poll(self) -> list[Message]:

@@ -35,7 +35,17 @@ from aiovec._buffers import build_buffers
 from aiovec._channel import HEADER
 from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
 from aiovec._loop import new_event_loop
-from aiovec._protocol import Command, Reply, Reset, Step, decoder, encode, to_wire, wire_reply
+from aiovec._protocol import (
+    Command,
+    Reply,
+    Reset,
+    Step,
+    decoder,
+    encode,
+    to_wire,
+    undecodable_reply,
+    wire_reply,
+)
 from aiovec._spaces import read_rows, write_rows
 from aiovec._threads import EnvThreads
 from aiovec.async_env import AsyncEnv
@@ -121,6 +131,10 @@ class EnvActor:
 
     def _start(self, command: Command, actions: Any) -> None:
         """Run ``command`` (now, or on the server); its answers reach the outbox."""
+        failed = undecodable_reply(command)
+        if failed is not None:  # the caller's error: the envs answer with it
+            self._outbox.append((failed, None))
+            return
         if actions is not None:
             write_rows(self.host.buffers.actions, command.env_ids, actions)
         carries_rows = isinstance(command, (Step, Reset))

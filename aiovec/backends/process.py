@@ -305,16 +305,21 @@ class ProcessBackend(Backend):
 
     # --- commands and messages ----------------------------------------------------------------
 
-    def submit(self, worker: int, command: Command) -> None:
-        if worker == len(self._processes):  # this process's own group: run it now
-            self._inbox.append((worker, self._local.execute(command)))
-            return
+    def prepare(self, worker: int, command: Command) -> Command | bytes:
+        if worker == len(self._processes):  # this process's own group: run as is
+            return command
         if worker in self._dead:
             raise WorkerCrashedError(
                 worker, self.groups[worker], self._processes[worker].exitcode, "it is gone"
             )
+        return encode(wire_command(command))
+
+    def submit(self, worker: int, command: Command | bytes) -> None:
+        if worker == len(self._processes):  # this process's own group: run it now
+            self._inbox.append((worker, self._local.execute(command)))
+            return
         try:
-            self._connections[worker].send(encode(wire_command(command)))
+            self._connections[worker].send(command)
         except OSError:  # it died just now; its exit is reported through the sentinel
             pass
 

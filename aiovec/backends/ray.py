@@ -164,12 +164,16 @@ class RayBackend(Backend):
 
     # --- commands and results -------------------------------------------------------------
 
-    def submit(self, worker: int, command: Command) -> None:
+    def prepare(self, worker: int, command: Command) -> tuple[int, bytes]:
         actions = None
         if isinstance(command, Step) and command.actions is None:
             actions = read_rows(self.buffers.actions, command.env_ids)
-        self._owed[worker] += len(command.env_ids)
-        self._transport.send(worker, encode((wire_command(command), to_wire(actions))))
+        return len(command.env_ids), encode((wire_command(command), to_wire(actions)))
+
+    def submit(self, worker: int, command: tuple[int, bytes]) -> None:
+        count, request = command
+        self._owed[worker] += count
+        self._transport.send(worker, request)
 
     def _collect(self, worker: int, answer: Any) -> None:
         """Apply what ``worker`` answered (a payload, :class:`ActorDied`, or the exception

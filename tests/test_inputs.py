@@ -1,0 +1,96 @@
+"""Whatever the caller passes is checked before anything is sent: a bad argument is an
+error at once, never a dead worker or envs left busy."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from functools import partial
+
+import numpy as np
+import pytest
+
+import aiovec
+from tests.envs import CounterEnv, SpacesEnv
+
+
+def spaces_envs(count: int) -> list:
+    return [SpacesEnv for _ in range(count)]
+
+
+def test_numpy_integer_seeds_are_seeds(backend):
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    with aiovec.VecEnv(spaces_envs(4), backend=backend, **kwargs) as venv:
+        expected, _ = venv.reset(seed=[0, 1, 2, 3])
+        observations, _ = venv.reset(seed=[0, 1, np.int64(2), np.uint8(3)])
+        np.testing.assert_array_equal(observations, expected)
+        observations, _ = venv.reset(seed=np.arange(4))
+        np.testing.assert_array_equal(observations, expected)
+        observations, _ = venv.reset(seed=np.int32(0))
+        np.testing.assert_array_equal(observations, expected)
+
+
+@pytest.mark.parametrize(
+    "seed", [1.5, "7", [0, 1, 2.0, 3], [0, 1, "2", 3], [0, -1, 2, 3], -5, {"a": 1}, True]
+)
+def test_bad_seeds_are_refused_before_anything_is_sent(backend, seed):
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    with aiovec.VecEnv(spaces_envs(4), backend=backend, **kwargs) as venv:
+        venv.reset(seed=0)
+        with pytest.raises((TypeError, ValueError), match="seed"):
+            venv.reset(seed=seed)
+        assert venv._scheduler.num_busy == 0
+        observations, _ = venv.reset(seed=0)  # every env still idle and healthy
+        assert observations.shape[0] == 4
+
+
+@pytest.mark.parametrize(
+    "bad_call",
+    [
+        lambda venv: venv.call(None),
+        lambda venv: venv.get_attr(3),
+        lambda venv: venv.set_attr(3, 1),
+        lambda venv: venv.call(b"env_index"),
+    ],
+)
+def test_bad_names_are_type_errors_and_the_workers_live_on(backend, bad_call):
+    with aiovec.VecEnv([partial(CounterEnv, i) for i in range(2)], backend=backend) as venv:
+        venv.reset()
+        with pytest.raises(TypeError, match="name of an env attribute"):
+            bad_call(venv)
+        assert venv.call("env_index") == (0, 1)
+
+
+def test_an_argument_that_cannot_be_pickled_fails_before_any_worker_is_sent_it():
+    env_fns = [partial(CounterEnv, i) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=2) as venv:
+        venv.reset()
+        with pytest.raises(Exception, match="lock"):
+            venv.call("scale", threading.Lock())
+        assert venv._scheduler.num_busy == 0
+        observations, *_ = venv.step(np.zeros(4, dtype=np.int64))
+        assert observations[:, 1].tolist() == [1, 1, 1, 1]
+
+
+def test_an_argument_the_worker_cannot_unpickle_is_the_callers_error(monkeypatch):
+    """A value of a class that only exists in the agent (its module cannot be imported
+    by the worker): the call fails with a TypeError naming the problem; the worker and
+    its envs live on."""
+    ghost = types.ModuleType("aiovec_ghost_module")
+
+    class Level:
+        def __init__(self, value):
+            self.value = value
+
+    Level.__module__ = ghost.__name__
+    Level.__qualname__ = "Level"
+    ghost.Level = Level
+    monkeypatch.setitem(sys.modules, ghost.__name__, ghost)
+    env_fns = [partial(CounterEnv, i) for i in range(2)]
+    with aiovec.VecEnv(env_fns, num_workers=2) as venv:
+        venv.reset()
+        with pytest.raises(TypeError, match="could not be unpickled"):
+            venv.set_attr("level", Level(3))
+        assert venv.call("env_index") == (0, 1)
+        assert venv.worker_restarts == (0, 0)
