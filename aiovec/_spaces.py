@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector.utils import create_empty_array
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
+from gymnasium.vector.utils import (
+    batch_differing_spaces,
+    batch_space,
+    concatenate,
+    create_empty_array,
+    iterate,
+)
 
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
@@ -33,6 +40,94 @@ def is_shareable(space: spaces.Space) -> bool:
 def allocate(space: spaces.Space, num_envs: int, allocator: Any) -> Any:
     """A buffer with ``num_envs`` rows for a shareable ``space``, from ``allocator``."""
     return create_empty_array(space, n=num_envs, fn=allocator)
+
+
+def batch_values(space: spaces.Space, values: Sequence[Any]) -> Any:
+    """One sample of ``space`` per env (``values``) as Gymnasium batches them: what
+    ``concatenate`` gives into ``create_empty_array(space, len(values))`` (for Text,
+    Graph, Sequence and custom spaces at the top level: a tuple of the values)."""
+    return concatenate(space, values, create_empty_array(space, n=len(values)))
+
+
+def split_batch(batched_space: spaces.Space, batch: Any) -> list[Any]:
+    """The samples of a batch of ``batched_space``, one per env, as Gymnasium's
+    ``iterate`` splits it; arrays are copies (an env may keep its action)."""
+    return [_own(item) for item in iterate(batched_space, batch)]
+
+
+def _own(value: Any) -> Any:
+    if type(value) is np.ndarray:
+        return value.copy()
+    if type(value) is dict:
+        return {key: _own(item) for key, item in value.items()}
+    if type(value) is tuple:  # not a GraphInstance (a NamedTuple): that stays as it is
+        return tuple(_own(item) for item in value)
+    return value
+
+
+# --- observation_mode: the single and batched observation spaces ------------------------
+
+OBSERVATION_MODES = ("same", "different")
+
+
+def check_observation_mode(observation_mode: Any) -> Any:
+    """Refuse an ``observation_mode`` that is not ``"same"``, ``"different"`` or a
+    ``(batched_space, single_space)`` tuple, as ``AsyncVectorEnv`` does (before any env
+    is built)."""
+    if isinstance(observation_mode, tuple) and len(observation_mode) == 2:
+        if not all(isinstance(space, spaces.Space) for space in observation_mode):
+            raise TypeError(
+                "Expected both elements of observation_mode to be Spaces, got "
+                f"{type(observation_mode[0])} and {type(observation_mode[1])}"
+            )
+        return observation_mode
+    if isinstance(observation_mode, str) and observation_mode in OBSERVATION_MODES:
+        return observation_mode
+    raise ValueError(
+        "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
+        f"batch observation space, actual got {observation_mode}"
+    )
+
+
+def observation_spaces(
+    observation_mode: Any, env_spaces: Sequence[spaces.Space], owner: str = "VecEnv"
+) -> tuple[spaces.Space, spaces.Space]:
+    """``(single_observation_space, observation_space)`` of a vector env whose envs have
+    the observation spaces ``env_spaces``, under ``observation_mode`` (see
+    :func:`check_observation_mode`), with ``AsyncVectorEnv``'s checks and errors.
+
+    ``"same"``: every space equals env 0's, batched with ``batch_space``.
+    ``"different"``: env 0's space, and ``batch_differing_spaces`` of all (its errors
+    propagate); a custom ``(batched, single)`` tuple is taken as it is. In both, every
+    env's space must share shape and dtype with the single space.
+
+    Raises:
+        RuntimeError: the spaces do not fit the mode (Gymnasium's wording, plus which env).
+    """
+    first = env_spaces[0]
+    if observation_mode == "same":
+        for index, space in enumerate(env_spaces):
+            if space != first:
+                raise RuntimeError(
+                    f"{owner}(..., observation_mode='same') however some of the "
+                    "sub-environments observation spaces are not equivalent. If this is "
+                    "intentional, use `observation_mode='different'` instead. "
+                    f"(env {index} has observation_space {space}, env 0 has {first})"
+                )
+        return first, batch_space(first, len(env_spaces))
+    if observation_mode == "different":
+        single, batched = first, batch_differing_spaces(env_spaces)
+    else:
+        batched, single = observation_mode
+    for index, space in enumerate(env_spaces):
+        if not is_space_dtype_shape_equiv(single, space):
+            raise RuntimeError(
+                f"{owner}(..., observation_mode='different' or custom space) however the "
+                "sub-environment's observation spaces do not share a common shape and dtype. "
+                f"(env {index} has observation_space {space}, the single observation space "
+                f"is {single})"
+            )
+    return single, batched
 
 
 # --- writing one env's value into its row ---------------------------------------------
@@ -148,38 +243,52 @@ def write_rows(buffer: Any, env_ids: Sequence[int] | slice, batch: Any) -> None:
 # --- validating a batch of actions before anything is written --------------------------
 
 
+Checked = tuple[Any, bool]
+
+
 @singledispatch
-def batch_checker(space: spaces.Space, path: str = "actions") -> Callable[[Any, int], Any]:
+def batch_checker(space: spaces.Space, path: str = "actions") -> Callable[[Any, int], Checked]:
     """A function ``check(batch, count)`` validating ``count`` samples of ``space``.
 
-    ``check`` returns the batch as numpy arrays (a tuple of objects for spaces that are
-    not shareable). It checks shape and dtype kind everywhere and the range of discrete
-    values; Box bounds are not checked (Gymnasium does not clip either).
+    ``check`` returns ``(batch, exact)``: the batch as numpy arrays (a tuple of objects
+    for parts that are not shareable), and whether every array has exactly the dtype of
+    its space (only then may it go through shared memory without changing a value: else
+    the envs get the caller's values by value). It checks shape and dtype kind
+    everywhere and the range of discrete values, on the caller's values before any
+    cast; Box bounds are not checked (Gymnasium does not clip either).
 
     Raises (from ``check``):
-        ValueError / TypeError: naming the offending part of the batch and what was expected.
+        TypeError: the batch (or a part) is not the kind of object the space needs: a
+            scalar, a non-dict for a Dict, numbers of the wrong kind (as Gymnasium, whose
+            ``iterate`` raises TypeError on them).
+        ValueError: a batch of the wrong length or shape, values out of range.
     """
 
-    def check(batch: Any, count: int) -> Any:  # not shareable: one Python object per env
-        if not isinstance(batch, (list, tuple)) or len(batch) != count:
-            raise ValueError(
-                f"{path}: expected a sequence of {count} samples of {space}, got {_preview(batch)}"
+    def check(batch: Any, count: int) -> Checked:  # not shareable: one Python object per env
+        if not isinstance(batch, (list, tuple)):
+            raise TypeError(
+                f"{path}: expected a sequence of {count} samples of {space} (one per env), "
+                f"got {_preview(batch)}"
             )
-        return tuple(batch)
+        if len(batch) != count:
+            raise ValueError(
+                f"{path}: expected a sequence of {count} samples of {space}, got {len(batch)}"
+            )
+        return tuple(batch), False
 
     return check
 
 
 @batch_checker.register(spaces.Box)
-def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int], Any]:
-    shape = space.shape
+def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int], Checked]:
+    shape, dtype = space.shape, space.dtype
 
-    def check(batch: Any, count: int) -> Any:
+    def check(batch: Any, count: int) -> Checked:
         array = np.asarray(batch)
         _check_shape(array, count, shape, space, path)
         if array.dtype.kind not in "biuf":
             raise TypeError(f"{path}: expected numbers for {space}, got dtype {array.dtype}")
-        return array
+        return array, array.dtype == dtype
 
     return check
 
@@ -187,8 +296,10 @@ def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int
 @batch_checker.register(spaces.Discrete)
 @batch_checker.register(spaces.MultiDiscrete)
 @batch_checker.register(spaces.MultiBinary)
-def _discrete_checker(space: spaces.Space, path: str = "actions") -> Callable[[Any, int], Any]:
-    shape = space.shape
+def _discrete_checker(
+    space: spaces.Space, path: str = "actions"
+) -> Callable[[Any, int], Checked]:
+    shape, dtype = space.shape, space.dtype
     if isinstance(space, spaces.Discrete):
         low, high = int(space.start), int(space.start + space.n - 1)
     elif isinstance(space, spaces.MultiDiscrete):
@@ -197,8 +308,8 @@ def _discrete_checker(space: spaces.Space, path: str = "actions") -> Callable[[A
         low, high = 0, 1
     scalar_bounds = isinstance(low, int)
 
-    def check(batch: Any, count: int) -> Any:
-        array = np.asarray(batch)
+    def check(batch: Any, count: int) -> Checked:
+        array = np.asarray(batch)  # the caller's values: checked before any cast
         _check_shape(array, count, shape, space, path)
         if array.dtype.kind not in "biu":
             raise TypeError(
@@ -213,12 +324,17 @@ def _discrete_checker(space: spaces.Space, path: str = "actions") -> Callable[[A
         if not in_range:
             bad = array[(array < low) | (array > high)]
             raise ValueError(f"{path}: values {bad[:5].tolist()} are outside {space}")
-        return array
+        return array, array.dtype == dtype
 
     return check
 
 
 def _check_shape(array: np.ndarray, count: int, shape: tuple, space: spaces.Space, path: str):
+    if array.ndim == 0:
+        raise TypeError(
+            f"{path}: got the scalar {_preview(array.item())}, but a vector env steps with a "
+            f"batch: one row of {space} per env, shape {(count, *shape)}"
+        )
     if array.shape[:1] != (count,) or array.shape[1:] != shape:
         raise ValueError(
             f"{path}: expected shape {(count, *shape)} (one row of {space} per env), "
@@ -227,25 +343,45 @@ def _check_shape(array: np.ndarray, count: int, shape: tuple, space: spaces.Spac
 
 
 @batch_checker.register(spaces.Dict)
-def _dict_checker(space: spaces.Dict, path: str = "actions") -> Callable[[Any, int], Any]:
+def _dict_checker(space: spaces.Dict, path: str = "actions") -> Callable[[Any, int], Checked]:
     checkers = {key: batch_checker(sub, f"{path}[{key!r}]") for key, sub in space.spaces.items()}
 
-    def check(batch: Any, count: int) -> Any:
-        if not isinstance(batch, dict) or batch.keys() != checkers.keys():
-            keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-            raise ValueError(f"{path}: expected a dict with keys {sorted(checkers)}, got {keys}")
-        return {key: check_item(batch[key], count) for key, check_item in checkers.items()}
+    def check(batch: Any, count: int) -> Checked:
+        if not isinstance(batch, dict):
+            raise TypeError(
+                f"{path}: expected a dict with keys {sorted(checkers)}, got {_preview(batch)}"
+            )
+        if batch.keys() != checkers.keys():
+            raise ValueError(
+                f"{path}: expected a dict with keys {sorted(checkers)}, got {sorted(batch)}"
+            )
+        checked, exact = {}, True
+        for key, check_item in checkers.items():
+            checked[key], item_exact = check_item(batch[key], count)
+            exact = exact and item_exact
+        return checked, exact
 
     return check
 
 
 @batch_checker.register(spaces.Tuple)
-def _tuple_checker(space: spaces.Tuple, path: str = "actions") -> Callable[[Any, int], Any]:
+def _tuple_checker(space: spaces.Tuple, path: str = "actions") -> Callable[[Any, int], Checked]:
     checkers = [batch_checker(sub, f"{path}[{i}]") for i, sub in enumerate(space.spaces)]
 
-    def check(batch: Any, count: int) -> Any:
-        if not isinstance(batch, (tuple, list)) or len(batch) != len(checkers):
-            raise ValueError(f"{path}: expected a tuple of {len(checkers)} batches")
-        return tuple(check_item(item, count) for check_item, item in zip(checkers, batch))
+    def check(batch: Any, count: int) -> Checked:
+        if not isinstance(batch, (tuple, list)):
+            raise TypeError(
+                f"{path}: expected a tuple of {len(checkers)} batches, got {_preview(batch)}"
+            )
+        if len(batch) != len(checkers):
+            raise ValueError(
+                f"{path}: expected a tuple of {len(checkers)} batches, got {len(batch)}"
+            )
+        checked, exact = [], True
+        for check_item, item in zip(checkers, batch):
+            item_checked, item_exact = check_item(item, count)
+            checked.append(item_checked)
+            exact = exact and item_exact
+        return tuple(checked), exact
 
     return check
