@@ -28,19 +28,40 @@ class Channel:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, frame: bytes) -> None:
-        """Send one frame (blocks only while the socket buffer is full).
+    def send(self, frame: bytes, timeout: float | None = None) -> None:
+        """Send one frame, whole (blocking or not, the socket never gets half a frame).
 
-        Works on non-blocking sockets too (an event loop watching the socket makes it
-        non-blocking): a full buffer is then waited out, never half a frame sent.
+        While the socket buffer is full, what the other end sends meanwhile is read into
+        this channel's buffer (see :attr:`buffered`): two ends sending large frames to
+        each other at once never wait on each other.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed before the frame could be sent
+                (the other end does not read); part of it may have been sent.
+            OSError: the other end is gone.
         """
         data = memoryview(HEADER.pack(len(frame)) + frame)
-        send = self.sock.send
+        sock = self.sock
+        deadline = None if timeout is None else time.monotonic() + timeout
         while data:
             try:
-                data = data[send(data) :]
+                data = data[sock.send(data, socket.MSG_DONTWAIT) :]
+                continue
             except (BlockingIOError, InterruptedError):
-                select.select((), (self.sock,), ())
+                pass
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError("the other end of the channel does not read")
+            watched = () if self.eof else (sock,)
+            readable, _, _ = select.select(watched, (sock,), (), remaining)
+            if readable:
+                self._read_available()
+
+    @property
+    def buffered(self) -> bool:
+        """Whether bytes were read ahead (by :meth:`send`) that :meth:`receive_ready`
+        will return: the socket may no longer look readable to a selector."""
+        return bool(self._pending)
 
     def receive(self, spin: float = 0.0) -> bytes:
         """Block until the next frame arrives, first polling for up to ``spin`` seconds.
@@ -76,6 +97,14 @@ class Channel:
 
     def receive_ready(self) -> list[bytes]:
         """Every complete frame that has arrived, without blocking (sets :attr:`eof`)."""
+        self._read_available()
+        frames = []
+        while (frame := self._next_frame()) is not None:
+            frames.append(frame)
+        return frames
+
+    def _read_available(self) -> None:
+        """Move what the socket holds into the buffer, without blocking."""
         while not self.eof:
             try:
                 chunk = self.sock.recv(_CHUNK, socket.MSG_DONTWAIT)
@@ -89,10 +118,6 @@ class Channel:
             self._pending += chunk
             if len(chunk) < _CHUNK:
                 break
-        frames = []
-        while (frame := self._next_frame()) is not None:
-            frames.append(frame)
-        return frames
 
     def _next_frame(self) -> bytes | None:
         pending = self._pending

@@ -34,6 +34,7 @@ from aiovec._memory import SharedRegion
 from aiovec._protocol import (
     Close,
     Hello,
+    Reply,
     Step,
     decode_command,
     encode,
@@ -162,9 +163,13 @@ async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float |
     """Serve async envs: each env steps as its own task, so the worker overlaps the waits
     of all its envs (see :class:`~aiovec._async_server.AsyncEnvServer`)."""
     loop = asyncio.get_running_loop()
-    server = AsyncEnvServer(
-        host, emit=lambda reply: connection.send(encode_reply(reply)), step_timeout=step_timeout
-    )
+
+    def emit(reply: Reply) -> None:
+        connection.send(encode_reply(reply))
+        if connection.buffered:  # commands read while the reply waited for room
+            loop.call_soon(on_readable)
+
+    server = AsyncEnvServer(host, emit=emit, step_timeout=step_timeout)
     stopped = loop.create_future()
 
     def on_readable() -> None:

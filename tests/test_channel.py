@@ -6,6 +6,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from aiovec._channel import Channel
 
 
@@ -31,3 +33,45 @@ def test_a_non_blocking_socket_with_a_full_buffer_still_sends_whole_frames():
     assert received == frames
     left.close()
     right.close()
+
+
+# --- large frames both ways at once ----------------------------------------------------------
+
+BIG = 4 * 2**20
+
+
+def _big_info_env(index: int):
+    from tests.envs import CounterEnv
+
+    class BigInfoEnv(CounterEnv):
+        def step(self, action):
+            observation, reward, terminated, truncated, info = super().step(action)
+            info["blob"] = b"i" * BIG
+            return observation, reward, terminated, truncated, info
+
+    return BigInfoEnv(index)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrent_envs", [False, True])
+async def test_large_frames_both_ways_at_once_do_not_deadlock(concurrent_envs):
+    """A 4 MB step reply and a 4 MB set_attr cross in the same worker's channel: both
+    ends keep reading while they wait to write, so both arrive."""
+    import asyncio
+    from functools import partial
+
+    import aiovec
+
+    env_fns = [partial(_big_info_env, i) for i in range(2)]
+    async with aiovec.VecEnv(env_fns, num_workers=1, concurrent_envs=concurrent_envs) as venv:
+        await venv.areset()
+        for _ in range(3):
+            venv.send([0, 0])
+            await asyncio.wait_for(venv.aset_attr("payload", b"s" * BIG), 30)
+            assert await venv.acall("payload") == (b"s" * BIG,) * 2
+            batch = await asyncio.wait_for(venv.recv(min_envs=2), 30)
+            assert [len(blob) for blob in batch.infos["blob"]] == [BIG, BIG]
+        venv.send([0, 0])
+        venv.set_attr("payload", b"t" * BIG)  # the synchronous path too
+        batch = await asyncio.wait_for(venv.recv(min_envs=2), 30)
+        assert len(batch.infos["blob"][1]) == BIG

@@ -318,10 +318,14 @@ class ProcessBackend(Backend):
         if worker == len(self._processes):  # this process's own group: run it now
             self._inbox.append((worker, self._local.execute(command)))
             return
+        connection = self._connections[worker]
         try:
-            self._connections[worker].send(command)
+            connection.send(command)
         except OSError:  # it died just now; its exit is reported through the sentinel
             pass
+        if connection.buffered:  # replies read while the command waited for room
+            self._drain(worker, connection)
+            self._wakeup.wake()
 
     def interrupt(self) -> None:
         self._wakeup.wake()
@@ -421,9 +425,9 @@ class ProcessBackend(Backend):
         self._unbind()
         for worker, connection in enumerate(self._connections):
             if worker not in self._dead and connection is not None:
-                try:
-                    connection.send(encode(Close(seq=0)))
-                except OSError:
+                try:  # a worker that does not read (its env is busy) gets no more time
+                    connection.send(encode(Close(seq=0)), timeout=min(timeout, 0.1))
+                except OSError:  # gone, or not reading (TimeoutError): stopped below
                     pass
         _stop_processes(self._processes, timeout)
         for connection in self._connections:

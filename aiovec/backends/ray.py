@@ -315,6 +315,9 @@ class _Links:
                 link.send(request)
             except OSError:  # it died just now: its end of file is reported by poll
                 pass
+            if link.buffered:  # answers read while the request waited for room
+                self._read(worker, link)
+                self._wakeup.wake()
 
     def poll(self) -> list[tuple[int, Any]]:
         self._take_deaths()
