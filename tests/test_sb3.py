@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNorm
 
 import aiovec
 from aiovec.integrations.sb3 import SB3VecEnv, make_sb3_vec_env
+from tests.envs import SpacesEnv
 from tests.test_parity import assert_same
 
 
@@ -56,4 +59,149 @@ def test_ppo_trains_with_sb3_wrappers():
     model.learn(total_timesteps=1024)
     assert model.num_timesteps >= 1024
     assert len(model.ep_info_buffer) > 0  # VecMonitor saw whole episodes
+    env.close()
+
+
+# --- SB3's VecEnv contract, as SB3's own tests exercise it (tests/test_sb3_upstream.py) ----
+
+
+def test_missing_attributes_are_attribute_errors(backend):
+    env = make_sb3_vec_env("CartPole-v1", 2, monitor=False, backend=backend)
+    assert env.has_attr("gravity")
+    assert not env.has_attr("no_such_attribute")  # was aiovec.EnvError
+    with pytest.raises(AttributeError, match="no_such_attribute") as raised:
+        env.get_attr("no_such_attribute", indices=[1])
+    error = raised.value if isinstance(raised.value, aiovec.EnvError) else raised.value.__cause__
+    assert isinstance(error, aiovec.EnvError) and error.env_index == 1  # names the env
+    with pytest.raises(AttributeError, match="no_such_method"):
+        env.env_method("no_such_method", 1)
+    with pytest.raises(aiovec.EnvError):  # other errors stay aiovec's
+        env.env_method("step", "not an action")
+    env.reset()  # the envs are fine
+    env.step(np.array([0, 1]))
+    env.close()
+
+
+def test_get_attr_returns_methods_uncalled(backend):
+    env = make_sb3_vec_env("CartPole-v1", 2, monitor=False, backend=backend)
+    env.reset()
+    methods = env.get_attr("render")  # SubprocVecEnv returns the attribute as is
+    assert all(callable(method) for method in methods)
+    assert env.get_attr("spec", indices=0)[0].id == "CartPole-v1"
+    env.close()
+
+
+def test_negative_indices_count_from_the_end(backend):
+    env = make_sb3_vec_env("CartPole-v1", 3, monitor=False, backend=backend)
+    env.set_attr("gravity", 2.5, indices=-1)
+    assert env.get_attr("gravity") == [9.8, 9.8, 2.5]
+    assert env.get_attr("gravity", indices=[-1, 0]) == [2.5, 9.8]
+    assert env.env_method("get_wrapper_attr", "gravity", indices=[0, -1]) == [9.8, 2.5]
+    assert env.env_is_wrapped(gym.wrappers.TimeLimit, indices=[-2]) == [True]
+    env.close()
+
+
+class EchoEnv(gym.Env):
+    """Keeps the last action it was given, after checking it belongs to its space."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def __init__(self, action_space: gym.Space) -> None:
+        self.action_space = action_space
+        self.last_action = None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), f"bad action {action!r}"
+        self.last_action = action
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+DICT_ACTIONS = gym.spaces.Dict(
+    {"move": gym.spaces.Discrete(3), "force": gym.spaces.Box(-1, 1, (2,), np.float32)}
+)
+TUPLE_ACTIONS = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.MultiBinary(3)))
+
+
+def object_array(items: list) -> np.ndarray:
+    array = np.empty(len(items), dtype=object)
+    for index, item in enumerate(items):
+        array[index] = item
+    return array
+
+
+@pytest.mark.parametrize("space", [DICT_ACTIONS, TUPLE_ACTIONS], ids=["dict", "tuple"])
+@pytest.mark.parametrize("form", ["list", "object-array", "batched"])
+def test_dict_and_tuple_actions_one_per_env(space, form):
+    """SB3 iterates over ``actions`` (one per env): a list (or object array) of per-env
+    dicts or tuples becomes Gymnasium's batched layout; a batch is taken as is."""
+    env = SB3VecEnv(
+        aiovec.VecEnv([lambda: EchoEnv(space)] * 3, backend="inline", autoreset_mode="SameStep")
+    )
+    env.reset()
+    space.seed(5)
+    for _ in range(3):
+        per_env = [space.sample() for _ in range(3)]
+        if form == "list":
+            actions = per_env
+        elif form == "object-array":
+            actions = object_array(per_env)
+        elif isinstance(space, gym.spaces.Dict):
+            actions = {key: np.stack([a[key] for a in per_env]) for key in space.spaces}
+        else:
+            actions = tuple(np.stack([a[i] for a in per_env]) for i in range(len(space)))
+        env.step(actions)
+        for sent, received in zip(per_env, env.get_attr("last_action")):
+            assert_same(dict(received) if isinstance(space, gym.spaces.Dict) else received, sent)
+    env.close()
+
+
+def test_subproc_vec_env_drop_in():
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from aiovec.integrations.sb3 import AiovecSubprocVecEnv
+
+    env = make_vec_env(
+        "CartPole-v1",
+        n_envs=2,
+        seed=0,
+        vec_env_cls=AiovecSubprocVecEnv,
+        vec_env_kwargs={"start_method": None},
+    )
+    assert isinstance(env, AiovecSubprocVecEnv) and env.num_envs == 2
+    assert env.venv.autoreset_mode is gym.vector.AutoresetMode.SAME_STEP
+    assert env.env_is_wrapped(Monitor) == [True, True]
+    env.reset()
+    env.step(np.array([0, 1]))
+    env.close()
+    # SubprocVecEnv's error for an unknown start method (multiprocessing's message)
+    with pytest.raises(ValueError, match="cannot find context for 'illegal_method'"):
+        AiovecSubprocVecEnv([lambda: gym.make("CartPole-v1")], start_method="illegal_method")
+
+
+def test_get_images_needs_rgb_array():
+    env = make_sb3_vec_env("CartPole-v1", 2, monitor=False, backend="inline")
+    with pytest.warns(UserWarning, match="assumes it is `rgb_array`"):
+        assert env.get_images() == [None, None]
+    env.close()
+    env = make_sb3_vec_env(
+        SpacesEnv, 2, monitor=False, backend="inline", env_kwargs={"render_mode": "rgb_array"}
+    )
+    env.reset()
+    assert [frame.shape for frame in env.get_images()] == [(2, 2, 3)] * 2
+    assert env.render().shape == (4, 2, 3)  # SB3 tiles the two frames
+    env.close()
+
+
+def test_attribute_helpers_keep_sb3_out_of_workers():
+    """``get_attr``/``has_attr``/``env_is_wrapped`` run small functions in the workers;
+    unpickling them must not import Stable-Baselines3 (and PyTorch) there."""
+    env = make_sb3_vec_env("CartPole-v1", 2, monitor=False, backend="process")
+    assert env.env_is_wrapped(gym.wrappers.TimeLimit) == [True, True]
+    assert env.has_attr("gravity") and env.get_attr("gravity") == [9.8, 9.8]
+    imported = env.venv.apply(lambda _: sorted(m for m in sys.modules if "stable_baselines3" in m))
+    assert imported == ([],) * 2
     env.close()

@@ -13,16 +13,21 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import multiprocessing
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from stable_baselines3.common.env_util import is_wrapped
+from gymnasium.vector.utils import concatenate, create_empty_array
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor
 
 import aiovec
+from aiovec.integrations import _sb3_env_side as env_side
 
 
 def unbatch_infos(infos: dict[str, Any], num_envs: int) -> list[dict[str, Any]]:
@@ -45,6 +50,14 @@ class SB3VecEnv(VecEnv):
     ``seed``/``set_options``, ``reset_infos``, ``terminal_observation`` and
     ``TimeLimit.truncated`` in infos, and ``get_attr``/``set_attr``/``env_method``/
     ``env_is_wrapped`` with ``indices``.
+
+    It behaves as SB3's ``SubprocVecEnv`` where SB3's own tests look: actions come one
+    per env (for Dict and Tuple action spaces, a list of per-env dicts or tuples is
+    batched here; a dict of arrays is taken as a batch), ``indices`` may be negative,
+    ``get_attr`` returns attributes without calling them, a missing attribute is an
+    ``AttributeError`` (so ``has_attr`` is ``False``), and ``get_images`` needs
+    ``render_mode="rgb_array"``. :class:`AiovecSubprocVecEnv` has ``SubprocVecEnv``'s
+    constructor.
 
     Raises:
         ValueError: the aiovec env does not use ``AutoresetMode.SAME_STEP``.
@@ -69,8 +82,24 @@ class SB3VecEnv(VecEnv):
         self._reset_options()
         return observations
 
-    def step_async(self, actions: np.ndarray) -> None:
-        self.venv.step_async(actions)
+    def step_async(self, actions: Any) -> None:
+        self.venv.step_async(self._batch_actions(actions))
+
+    def _batch_actions(self, actions: Any) -> Any:
+        """SB3 hands over one action per env (``SubprocVecEnv`` iterates over
+        ``actions``): for Dict and Tuple action spaces that is a list (or object array) of
+        per-env dicts or tuples, which becomes the batched layout of Gymnasium (a dict or
+        tuple of arrays). A dict is taken as batched already; anything that is not one
+        action per env is left to aiovec's checks."""
+        space = self.venv.single_action_space
+        if isinstance(actions, dict) or not isinstance(space, (spaces.Dict, spaces.Tuple)):
+            return actions
+        if not isinstance(actions, (list, tuple, np.ndarray)) or len(actions) != self.num_envs:
+            return actions
+        try:
+            return concatenate(space, list(actions), create_empty_array(space, self.num_envs))
+        except (AssertionError, KeyError, TypeError, ValueError, IndexError):
+            return actions  # not one action per env (a tuple of batches): aiovec checks it
 
     def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, list[dict]]:
         observations, rewards, terminations, truncations, infos = self.venv.step_wait()
@@ -90,8 +119,24 @@ class SB3VecEnv(VecEnv):
     def close(self) -> None:
         self.venv.close()
 
+    def has_attr(self, attr_name: str) -> bool:
+        """Whether every env (or one of its wrappers) has the attribute ``attr_name``."""
+        return all(self.venv.apply(env_side.has_wrapper_attr, attr_name))
+
     def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
-        return list(self.venv.call(attr_name, env_ids=self._indices(indices)))
+        """The attribute ``attr_name`` of each env (found through its wrappers), as is:
+        a method is returned, not called (as in SB3's ``SubprocVecEnv``).
+
+        Raises:
+            AttributeError: an env has no attribute ``attr_name`` (the
+                :class:`aiovec.EnvError` naming the env, or caused by it).
+        """
+        with _attribute_errors():
+            return list(
+                self.venv.apply(
+                    env_side.get_wrapper_attr, attr_name, env_ids=self._indices(indices)
+                )
+            )
 
     def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
         env_ids = self._indices(indices)
@@ -100,20 +145,89 @@ class SB3VecEnv(VecEnv):
     def env_method(
         self, method_name: str, *method_args: Any, indices: Any = None, **method_kwargs: Any
     ) -> list[Any]:
-        return list(
-            self.venv.call(
-                method_name, *method_args, env_ids=self._indices(indices), **method_kwargs
+        """Call method ``method_name`` of each env (found through its wrappers).
+
+        Raises:
+            AttributeError: an env has no attribute ``method_name``.
+        """
+        with _attribute_errors():
+            return list(
+                self.venv.call(
+                    method_name, *method_args, env_ids=self._indices(indices), **method_kwargs
+                )
             )
-        )
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: Any = None) -> list[bool]:
-        return list(self.venv.apply(is_wrapped, wrapper_class, env_ids=self._indices(indices)))
+        return list(
+            self.venv.apply(env_side.is_wrapped, wrapper_class, env_ids=self._indices(indices))
+        )
 
     def get_images(self) -> Sequence[np.ndarray | None]:
+        if self.render_mode != "rgb_array":  # as SubprocVecEnv
+            warnings.warn(
+                f"The render mode is {self.render_mode}, but this method assumes it is "
+                "`rgb_array` to obtain images.",
+                stacklevel=2,
+            )
+            return [None] * self.num_envs
         return list(self.venv.render())
 
     def _indices(self, indices: None | int | Iterable[int]) -> list[int]:
-        return list(self._get_indices(indices))
+        """SB3's ``indices`` as env ids; negative ones count from the end, as in SB3's
+        vec envs (which index a list with them)."""
+        count = self.num_envs
+        return [int(i) + count if -count <= i < 0 else int(i) for i in self._get_indices(indices)]
+
+
+class AiovecSubprocVecEnv(SB3VecEnv):
+    """A drop-in for SB3's ``SubprocVecEnv``: the same constructor (``env_fns``,
+    ``start_method``), so it fits ``make_vec_env(..., vec_env_cls=AiovecSubprocVecEnv)``,
+    built as ``SB3VecEnv(aiovec.VecEnv(env_fns, autoreset_mode=SAME_STEP, ...))``.
+
+    Args:
+        env_fns: one callable per env, each returning a new ``gymnasium.Env``.
+        start_method: how worker processes start (aiovec's ``context``); ``None`` for
+            aiovec's default.
+        **options: more :class:`aiovec.VecEnv` options (``backend``, ``num_workers``, ...).
+
+    Raises:
+        ValueError: ``start_method`` is unknown (``"cannot find context for ..."``, as
+            ``SubprocVecEnv`` says).
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        start_method: str | None = None,
+        **options: Any,
+    ) -> None:
+        options["autoreset_mode"] = AutoresetMode.SAME_STEP
+        try:
+            venv = aiovec.VecEnv(env_fns, context=start_method, **options)
+        except ValueError as error:
+            known = start_method is None or start_method in multiprocessing.get_all_start_methods()
+            if known or "context" not in str(error):
+                raise
+            # SubprocVecEnv's (multiprocessing's) words for an unknown start method
+            raise ValueError(f"cannot find context for {start_method!r}: {error}") from error
+        try:
+            super().__init__(venv)
+        except BaseException:
+            venv.close()
+            raise
+
+
+@contextmanager
+def _attribute_errors() -> Iterator[None]:
+    """An env's ``AttributeError`` is an ``AttributeError`` here, as SB3 expects (its
+    ``has_attr`` and ``VecEnv.__init__`` catch it): aiovec's error as is where it is one
+    already, else an ``AttributeError`` caused by it."""
+    try:
+        yield
+    except aiovec.EnvError as error:
+        if isinstance(error, AttributeError) or error.exc_type != "AttributeError":
+            raise
+        raise AttributeError(f"env {error.env_index}: {error.exc_message}") from error
 
 
 def make_sb3_vec_env(

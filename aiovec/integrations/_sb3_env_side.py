@@ -1,0 +1,35 @@
+"""Functions the SB3 adapter runs where the envs live (``aiovec.VecEnv.apply``).
+
+Kept apart from :mod:`aiovec.integrations.sb3` so that a worker process unpickling them
+imports only this small module, not Stable-Baselines3 (and PyTorch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+
+def get_wrapper_attr(env: gym.Env, name: str) -> Any:
+    """The attribute ``name`` of ``env`` or of an env it wraps, not called even if a
+    method (as SB3's ``SubprocVecEnv.get_attr``); ``AttributeError`` if none has it."""
+    return env.get_wrapper_attr(name)
+
+
+def has_wrapper_attr(env: gym.Env, name: str) -> bool:
+    """Whether ``env`` or an env it wraps has the attribute ``name``."""
+    try:
+        env.get_wrapper_attr(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def is_wrapped(env: gym.Env, wrapper_class: type[gym.Wrapper]) -> bool:
+    """Whether a wrapper of ``env`` is a ``wrapper_class`` (SB3's ``env_util.is_wrapped``)."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, wrapper_class):
+            return True
+        env = env.env
+    return False
