@@ -296,9 +296,7 @@ def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int
 @batch_checker.register(spaces.Discrete)
 @batch_checker.register(spaces.MultiDiscrete)
 @batch_checker.register(spaces.MultiBinary)
-def _discrete_checker(
-    space: spaces.Space, path: str = "actions"
-) -> Callable[[Any, int], Checked]:
+def _discrete_checker(space: spaces.Space, path: str = "actions") -> Callable[[Any, int], Checked]:
     shape, dtype = space.shape, space.dtype
     if isinstance(space, spaces.Discrete):
         low, high = int(space.start), int(space.start + space.n - 1)

@@ -30,6 +30,36 @@ SPACE_CASES = {
     "image-discrete": (spaces.Box(0, 255, (16, 16, 3), np.uint8), spaces.Discrete(2)),
     "text-discrete": (spaces.Text(8), spaces.Discrete(2)),
     "discrete-text": (spaces.Discrete(4), spaces.Text(5)),
+    # Spaces with no fixed-size layout, nested in Tuple/Dict and at the top: batched as
+    # Gymnasium's concatenate does, actions split as its iterate does.
+    "tuple(graph)-dict(graph)": (
+        spaces.Tuple(
+            (
+                spaces.Graph(node_space=spaces.Box(-1, 1, (2, 1)), edge_space=None),
+                spaces.Discrete(2),
+            )
+        ),
+        spaces.Dict(
+            a=spaces.Dict(
+                a=spaces.Graph(node_space=BOX, edge_space=None), b=spaces.Box(-100, 100, (2, 2))
+            ),
+            b=spaces.Tuple((BOX, spaces.Discrete(3))),
+        ),
+    ),
+    "dict(sequence)-graph": (
+        spaces.Dict(
+            {
+                "seq": spaces.Sequence(spaces.Discrete(4)),
+                "stacked": spaces.Sequence(BOX, stack=True),
+                "box": BOX,
+            }
+        ),
+        spaces.Graph(node_space=spaces.Discrete(3), edge_space=spaces.Discrete(4)),
+    ),
+    "graph-tuple(sequence)": (
+        spaces.Graph(node_space=BOX, edge_space=spaces.Box(0, 1, (2,))),
+        spaces.Tuple((spaces.Sequence(spaces.Discrete(4)), spaces.Discrete(2))),
+    ),
 }
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
