@@ -44,6 +44,7 @@ def make(
     | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
     backend: str = "auto",
+    render_mode: str | None = None,
     **options: Any,
 ) -> VecEnv:
     """Create ``num_envs`` copies of an env as one :class:`VecEnv`.
@@ -61,12 +62,16 @@ def make(
             worker per env for envs that mostly wait, and one worker per core otherwise
             (see ``venv.backend`` / ``venv.num_workers`` for the choice). Or name the
             backend (``"process"``, ``"inline"``) to skip the probe.
+        render_mode: each env's render mode (``"rgb_array"``, ...), as in
+            ``gymnasium.make_vec``: passed to ``gymnasium.make`` (or to the callable, as a
+            keyword). ``venv.render()`` returns one frame per env.
         **options: passed to :class:`VecEnv` (``num_workers``, ``copy``,
-            ``autoreset_mode``, ``context``, ...).
+            ``autoreset_mode``, ``context``, ``observation_mode``, ...).
 
     Raises:
         gymnasium.error.Error: unknown env id (raised here, before any process starts).
-        ValueError: ``num_envs`` is not a positive integer.
+        ValueError: ``num_envs`` is not a positive integer, or ``render_mode`` differs
+            from a ``render_mode`` in ``env_kwargs``.
 
     Example:
         >>> import aiovec
@@ -88,6 +93,13 @@ def make(
             f"env_id must be a Gymnasium id or a callable returning an env, got {env_id!r}"
         )
     per_env_kwargs = _per_env_kwargs(env_kwargs, num_envs)
+    if render_mode is not None:
+        for kwargs in per_env_kwargs:
+            if kwargs.setdefault("render_mode", render_mode) != render_mode:
+                raise ValueError(
+                    f"render_mode={render_mode!r} but env_kwargs has "
+                    f"render_mode={kwargs['render_mode']!r}: give it once"
+                )
     factories = [EnvFactory(make_env, args, kwargs, wrappers) for kwargs in per_env_kwargs]
     venv = VecEnv(factories, backend=backend, **options)
     venv.spec = spec
@@ -96,7 +108,7 @@ def make(
 
 def _per_env_kwargs(env_kwargs: Any, num_envs: int) -> list[dict[str, Any]]:
     if env_kwargs is None or isinstance(env_kwargs, dict):
-        return [dict(env_kwargs or {})] * num_envs
+        return [dict(env_kwargs or {}) for _ in range(num_envs)]
     if callable(env_kwargs):
         return [dict(env_kwargs(index)) for index in range(num_envs)]
     kwargs = list(env_kwargs)

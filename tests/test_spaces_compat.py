@@ -350,3 +350,35 @@ def test_range_checks_are_not_fooled_by_wrapping(backend, space, actions):
         with pytest.raises(ValueError, match="outside"):
             venv.step(actions)
         assert venv.get_attr("received") == ([], [])
+
+
+# --- item 5: render_mode in make ----------------------------------------------------------
+
+
+def test_make_passes_render_mode_to_each_env(backend):
+    with aiovec.make("CartPole-v1", 2, render_mode="rgb_array", backend=backend) as venv:
+        assert venv.render_mode == "rgb_array"
+        assert venv.get_attr("render_mode") == ("rgb_array", "rgb_array")
+    with aiovec.make(SpacesEnv, 2, render_mode="rgb_array", backend=backend) as venv:
+        assert venv.render_mode == "rgb_array"
+        venv.reset(seed=0)
+        frames = venv.render()
+        assert len(frames) == 2 and frames[0].shape == (2, 2, 3)
+    with aiovec.make("CartPole-v1", 2, backend=backend) as venv:
+        assert venv.render_mode is None
+
+
+def test_render_mode_conflicting_with_env_kwargs_is_refused():
+    with pytest.raises(ValueError, match="render_mode"):
+        aiovec.make(SpacesEnv, 2, render_mode="rgb_array", env_kwargs={"render_mode": "human"})
+
+
+def test_cartpole_frames_like_make_vec():
+    pytest.importorskip("pygame")
+    expected = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", render_mode="rgb_array")
+    expected.reset(seed=0)
+    with aiovec.make("CartPole-v1", 2, render_mode="rgb_array", backend="inline") as venv:
+        venv.reset(seed=0)
+        for frame, expected_frame in zip(venv.render(), expected.render()):
+            np.testing.assert_array_equal(frame, expected_frame)
+    expected.close()
