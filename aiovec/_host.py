@@ -337,7 +337,16 @@ class EnvHost:
             yield _CLOSE
         except Exception:
             pass  # a broken env may fail to close too
-        self.envs[env_id] = self.rebuild(env_id)
+        while True:
+            try:
+                self.envs[env_id] = self.rebuild(env_id)
+                break
+            except Exception as rebuild_error:
+                # Never leave the closed env installed: the next command must not step it.
+                self.envs[env_id] = _Unbuilt(rebuild_error)
+                self._failures_in_a_row[env_id] += 1
+                if self._failures_in_a_row[env_id] > self._max_restarts:
+                    raise
         return (yield from self._restarted_flow(env_id, f"{type(exc).__qualname__}: {exc}"))
 
     def _restarted_flow(self, env_id: int, reason: str) -> Flow:
@@ -400,6 +409,24 @@ class EnvHost:
 
 
 Flow = Generator[Callable[[Any], Any], Any, Any]
+
+
+class _Unbuilt:
+    """Stands in for an env whose rebuild failed: any use raises that failure (so the
+    next command retries the rebuild, or reports it); closing it does nothing."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        error = self._error
+        raise RuntimeError(
+            f"this env could not be rebuilt after a failure ({type(error).__qualname__}: "
+            f"{error}), so it cannot {name}"
+        ) from error
 
 
 class StepOutcome(NamedTuple):

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from aiovec._protocol import Command, Reply
-from aiovec.backends._base import Backend, Message, WorkerExit
+from aiovec.backends._base import Backend, Message, WorkerExit, WorkerGone
 from aiovec.errors import (
     ClosedError,
     StepTimeoutError,
@@ -156,10 +156,14 @@ class Scheduler:
         now = time.monotonic()
         # Build and encode every worker's command first: a value that cannot travel, or
         # a worker that is gone, fails the whole call before any worker was sent a thing.
-        prepared = []
-        for worker, group, rows in self.split(env_ids):
-            command = make_command(next(self._sequence), group)
-            prepared.append((worker, group, rows, command, self.backend.prepare(worker, command)))
+        try:
+            prepared = self._prepare(env_ids, make_command)
+        except WorkerGone:
+            # A worker died since the last wait: apply its exit first (restarted, or
+            # recorded as dead and raised by check_alive), then build again.
+            self.dispatch(self.backend.poll())
+            self.check_alive(env_ids)
+            prepared = self._prepare(env_ids, make_command)
         for worker, group, rows, command, payload in prepared:
             ticket = Ticket(worker, group, rows, is_step, command, now)
             self.backend.submit(worker, payload)
@@ -172,6 +176,15 @@ class Scheduler:
         if self._parked:  # e.g. an inline backend: the results are already waiting
             self._wake_parked()
         return tickets
+
+    def _prepare(
+        self, env_ids: Iterable[int], make_command: Callable[[int, list[int]], Command]
+    ) -> list[tuple[int, list[int], Any, Command, Any]]:
+        prepared = []
+        for worker, group, rows in self.split(env_ids):
+            command = make_command(next(self._sequence), group)
+            prepared.append((worker, group, rows, command, self.backend.prepare(worker, command)))
+        return prepared
 
     # --- receiving ----------------------------------------------------------------------
 
@@ -202,7 +215,7 @@ class Scheduler:
                     raise WaitTimeoutError(f"no result within {timeout} s")
             if self.step_timeout is not None and self._tickets:
                 expires = min(
-                    ticket.sent_at + self._kill_after(ticket.worker)
+                    self._sent_at(ticket) + self._kill_after(ticket.worker)
                     for ticket in self._tickets.values()
                 )
                 if expires <= now:
@@ -275,6 +288,11 @@ class Scheduler:
         if self._pumping:
             self.backend.interrupt()
 
+    def _sent_at(self, ticket: Ticket) -> float:
+        """When ``ticket``'s command reached a worker able to run it (a restarted worker
+        builds its envs first, under its own start-up deadline)."""
+        return max(ticket.sent_at, self.backend.ready_since(ticket.worker))
+
     def _kill_after(self, worker: int) -> float:
         """Seconds after which a command still unanswered gets ``worker`` killed."""
         if self.backend.cancels_late_envs(worker):
@@ -285,7 +303,7 @@ class Scheduler:
 
     def _kill_late_workers(self, now: float) -> None:
         for ticket in self._tickets.values():
-            late = now - ticket.sent_at >= self._kill_after(ticket.worker)
+            late = now - self._sent_at(ticket) >= self._kill_after(ticket.worker)
             if late and ticket.worker not in self._timed_out:
                 self._timed_out[ticket.worker] = ticket.env_ids
                 self.backend.kill(ticket.worker)
@@ -324,9 +342,9 @@ class Scheduler:
         group = self.backend.groups[worker]
         timed_out = self._timed_out.pop(worker, None)
         if timed_out is not None:
-            crash: WorkerCrashedError = StepTimeoutError(
-                worker, group, timed_out, self.step_timeout
-            )
+            crash: Exception = StepTimeoutError(worker, group, timed_out, self.step_timeout)
+        elif exit.error is not None:  # e.g. its envs' factory raised while rebuilding
+            crash = exit.error
         else:
             crash = WorkerCrashedError(worker, group, exit.exitcode, exit.hint)
         in_flight = sorted(

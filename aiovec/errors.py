@@ -195,6 +195,32 @@ class StepTimeoutError(WorkerCrashedError, multiprocessing.TimeoutError):
         return (type(self), (self.worker_index, self.env_ids, self.timed_out, self.timeout))
 
 
+class StartupTimeoutError(AiovecError, TimeoutError):
+    """Envs were not built within ``startup_timeout`` (their constructor hangs or is
+    too slow): their worker was killed.
+
+    Attributes:
+        env_ids: the envs that were not built in time.
+        timeout: the ``startup_timeout`` in force, in seconds.
+        worker_index: the worker that was killed (``None`` at construction).
+    """
+
+    def __init__(
+        self, env_ids: Sequence[int], timeout: float | None, worker_index: int | None = None
+    ) -> None:
+        self.env_ids = list(env_ids)
+        self.timeout = timeout
+        self.worker_index = worker_index
+        super().__init__(
+            f"envs {self.env_ids} were not built within startup_timeout={timeout} s (their "
+            "constructor hangs or is slow); pass a larger startup_timeout= if building "
+            "them takes longer"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.env_ids, self.timeout, self.worker_index))
+
+
 class ClosedError(AiovecError, gymnasium.error.ClosedEnvironmentError):
     """The vector env was used after :meth:`~aiovec.VecEnv.close`, or closed while a task
     awaited it."""

@@ -119,6 +119,11 @@ class VecEnv(VectorEnv):
             the other (``False``). Default ``None``: a worker of several envs measures
             its first steps and goes concurrent when they mostly wait (sleep, IO).
             CPU-bound envs gain nothing from threads. Async envs are always concurrent.
+        startup_timeout: process backend: seconds a worker may take to build its envs
+            (at construction, and when it is rebuilt under ``on_failure="restart"``);
+            past that it is killed and :class:`aiovec.StartupTimeoutError` names the
+            envs. Default 5 minutes (generous: simulators can be slow to start);
+            ``None`` waits forever.
         observation_mode: how the envs' observation spaces are batched, as in
             ``gymnasium.vector.AsyncVectorEnv``: ``"same"`` (every env's space must equal
             env 0's), ``"different"`` (spaces may differ, e.g. in bounds, but must share
@@ -156,6 +161,7 @@ class VecEnv(VectorEnv):
         step_timeout: float | None = None,
         ray_options: dict[str, Any] | None = None,
         concurrent_envs: bool | None = None,
+        startup_timeout: float | None = 300.0,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
@@ -219,6 +225,7 @@ class VecEnv(VectorEnv):
                 max_restarts=restarts,
                 step_timeout=step_timeout,
                 concurrent_envs=concurrent_envs,
+                startup_timeout=startup_timeout,
             )
         self.backend = backend
         #: Worker processes (process backend) or actors (Ray); 0 when envs run here.

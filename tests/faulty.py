@@ -74,3 +74,27 @@ class BadObservationEnv(CounterEnv):
 class FailingConstructorEnv(CounterEnv):
     def __init__(self, env_index: int = 0) -> None:
         raise OSError(f"cannot connect to simulator {env_index}")
+
+
+class FlakyFactoryEnv(FaultyEnv):
+    """A FaultyEnv whose constructor (counted across processes in ``ledger``, a file)
+    works ``good_builds`` times, then raises (``on_rebuild="raise"``) or hangs."""
+
+    def __init__(
+        self,
+        env_index: int = 0,
+        ledger: str = "",
+        good_builds: int = 1,
+        on_rebuild: str = "raise",
+        fault: str = "exit",
+        at_step: int = 2,
+    ) -> None:
+        with open(ledger, "a+") as handle:
+            handle.seek(0)
+            builds = len(handle.read())
+            handle.write("x")
+        if builds >= good_builds:
+            if on_rebuild == "hang":
+                time.sleep(3600)
+            raise ConnectionError(f"simulator {env_index} refused the connection")
+        super().__init__(env_index, fault=fault, at_step=at_step)

@@ -26,6 +26,13 @@ class WorkerExit(NamedTuple):
 
     exitcode: int | None
     hint: str = ""
+    #: What to report instead of a crash (the worker's envs could not be rebuilt).
+    error: Exception | None = None
+
+
+class WorkerGone(Exception):
+    """Raised by :meth:`Backend.prepare` for a worker whose exit is known to the backend
+    but not yet applied by the scheduler (which then applies it and tries again)."""
 
 
 Message = tuple[int, "Reply | WorkerExit"]  # (worker index, what it said)
@@ -100,6 +107,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:
         """Like :meth:`wait`, blocking the thread instead (no event loop involved)."""
+
+    def ready_since(self, worker: int) -> float:
+        """When ``worker`` became able to serve (``time.monotonic``; ``inf`` while it is
+        still starting): a command's step timeout runs from then at the earliest."""
+        return 0.0
 
     def interrupt(self) -> None:  # noqa: B027 -- optional: backends whose wait returns at once
         """Make a pending :meth:`wait` return now (with what it has, maybe nothing)."""

@@ -9,6 +9,7 @@ both noticed the moment they happen, without polling or timeouts.
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing
 import os
 import pickle
@@ -39,8 +40,8 @@ from aiovec._protocol import (
     wire_command,
 )
 from aiovec._worker import worker_main
-from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit
-from aiovec.errors import FactoryPicklingError, WorkerCrashedError
+from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit, WorkerGone
+from aiovec.errors import FactoryPicklingError, StartupTimeoutError, WorkerCrashedError
 
 STARTUP_HINT = "it died while building its envs"
 #: With multiprocessing's spawn/forkserver, the likeliest cause of such a death.
@@ -115,6 +116,7 @@ class ProcessBackend(Backend):
         max_restarts: int = 0,
         step_timeout: float | None = None,
         concurrent_envs: bool | None = None,
+        startup_timeout: float | None = None,
     ) -> None:
         num_envs = len(env_fns)
         if not 0 <= inline_envs < num_envs:
@@ -143,6 +145,11 @@ class ProcessBackend(Backend):
         self._step_timeout = step_timeout
         self._concurrent_envs = concurrent_envs
         self._async_workers: set[int] = set()  # workers of async envs (they time envs out)
+        self._startup_timeout = startup_timeout
+        # Restarted workers that have not said hello yet: (deadline, commands waiting).
+        self._starting: dict[int, tuple[float, list[Command | bytes]]] = {}
+        self._start_errors: dict[int, Exception] = {}  # why a start failed, until its exit
+        self._ready_since: dict[int, float] = {}
         self._local: EnvHost | None = None
         if inline_envs:
             self.groups.append(list(range(remote_envs, num_envs)))
@@ -234,8 +241,18 @@ class ProcessBackend(Backend):
         described: dict[int, list[tuple[Any, ...]]] = {}
         waiting = {self._connections[w]: w for w in workers}
         waiting.update({self._processes[w].sentinel: w for w in workers})
+        deadline = (
+            None if self._startup_timeout is None else time.monotonic() + self._startup_timeout
+        )
         while len(described) < len(workers):
-            for ready in wait(list(waiting)):
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready_ones = wait(list(waiting), remaining)
+            if not ready_ones:
+                late = [w for w in workers if w not in described]
+                raise StartupTimeoutError(
+                    [env_id for w in late for env_id in self.groups[w]], self._startup_timeout
+                )
+            for ready in ready_ones:
                 worker = waiting[ready]
                 if worker in described:
                     continue
@@ -278,10 +295,13 @@ class ProcessBackend(Backend):
     # --- failures -----------------------------------------------------------------------------
 
     def restart(self, worker: int, reason: str) -> None:
-        """Replace dead ``worker`` by a new process that rebuilds its envs (blocking).
+        """Replace dead ``worker`` by a new process that rebuilds its envs.
 
-        Every env of the new worker answers its next step with a fresh reset
-        observation flagged as restarted (see ``EnvHost.notify_restart``).
+        Returns at once: commands submitted meanwhile wait until the new worker says
+        hello, within ``startup_timeout`` (past that it is killed, and its exit reported
+        as a :class:`aiovec.StartupTimeoutError`; a factory that raises is reported as its
+        :class:`aiovec.EnvError`). Every env of the new worker answers its next step
+        with a fresh reset observation flagged as restarted (``EnvHost.notify_restart``).
         """
         assert worker in self._dead, "only a dead worker can be restarted"
         old = self._processes[worker]
@@ -289,13 +309,47 @@ class ProcessBackend(Backend):
         old.close()  # frees its sentinel descriptor
         self._connections[worker].close()
         self._start(worker, restart_reason=reason)
-        self._handshake([worker])
-        self._connections[worker].send_fd(self._region.fd)
-        self._connections[worker].send(self._layout)
+        deadline = math.inf if self._startup_timeout is None else self._startup_timeout
+        self._starting[worker] = (time.monotonic() + deadline, [])
         self._dead.discard(worker)
         self._poller = None
         if self._loop is not None and not self._loop.is_closed():
             self._watch(self._loop, worker)
+
+    def ready_since(self, worker: int) -> float:
+        return math.inf if worker in self._starting else self._ready_since.get(worker, 0.0)
+
+    def _started(self, worker: int, hello: Any) -> None:
+        """The ``Hello`` of a restarted worker: hand it the buffers and what waited."""
+        _, waiting = self._starting.pop(worker)
+        if not isinstance(hello, Hello) or hello.error is not None:
+            if isinstance(hello, Hello):
+                self._start_errors[worker] = hello.error.to_exception()
+            self._processes[worker].kill()  # reported with that error through the sentinel
+            return
+        connection = self._connections[worker]
+        try:
+            connection.send_fd(self._region.fd)
+            connection.send(self._layout)
+            for payload in waiting:
+                connection.send(payload)
+        except OSError:  # it died just now: reported through the sentinel
+            pass
+        self._ready_since[worker] = time.monotonic()
+
+    def _expire_starts(self) -> float | None:
+        """Kill restarted workers past their start-up deadline; seconds to the next one."""
+        if not self._starting:
+            return None
+        now = time.monotonic()
+        for worker, (deadline, _) in list(self._starting.items()):
+            if deadline <= now and worker not in self._start_errors:
+                self._start_errors[worker] = StartupTimeoutError(
+                    self.groups[worker], self._startup_timeout, worker
+                )
+                self._processes[worker].kill()
+        pending = [d for w, (d, _) in self._starting.items() if w not in self._start_errors]
+        return max(0.0, min(pending) - now) if pending else None
 
     def kill(self, worker: int) -> None:
         """SIGKILL ``worker`` (a hung env); its exit arrives as a ``WorkerExit`` message."""
@@ -309,14 +363,16 @@ class ProcessBackend(Backend):
         if worker == len(self._processes):  # this process's own group: run as is
             return command
         if worker in self._dead:
-            raise WorkerCrashedError(
-                worker, self.groups[worker], self._processes[worker].exitcode, "it is gone"
-            )
+            raise WorkerGone(worker)
         return encode(wire_command(command))
 
     def submit(self, worker: int, command: Command | bytes) -> None:
         if worker == len(self._processes):  # this process's own group: run it now
             self._inbox.append((worker, self._local.execute(command)))
+            return
+        starting = self._starting.get(worker)
+        if starting is not None:  # sent once the new worker has said hello
+            starting[1].append(command)
             return
         connection = self._connections[worker]
         try:
@@ -341,12 +397,14 @@ class ProcessBackend(Backend):
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._bind(loop)
+        timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
             await self._wakeup.wait(loop, timeout)
         messages, self._inbox = self._inbox, []
         return messages
 
     def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+        timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
             if self._poller is None:
                 self._poller = select.poll()
@@ -377,6 +435,9 @@ class ProcessBackend(Backend):
 
     def _drain(self, worker: int, connection: Channel) -> None:
         for frame in connection.receive_ready():
+            if worker in self._starting:
+                self._started(worker, decode_message(frame))
+                continue
             self._inbox.append((worker, decode_message(frame)))
         if connection.eof:
             self._on_exit(worker)
@@ -396,7 +457,9 @@ class ProcessBackend(Backend):
         self._drain(worker, self._connections[worker])  # what it said before dying
         process = self._processes[worker]
         process.join(1.0)
-        self._inbox.append((worker, WorkerExit(process.exitcode)))
+        hint = STARTUP_HINT if self._starting.pop(worker, None) is not None else ""
+        error = self._start_errors.pop(worker, None)
+        self._inbox.append((worker, WorkerExit(process.exitcode, hint, error)))
         self._wakeup.wake()
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -440,6 +503,13 @@ class ProcessBackend(Backend):
         if self._region is not None:
             self._region.close()
             self._region = None
+
+
+def _sooner(timeout: float | None, other: float | None) -> float | None:
+    """The shorter of two optional timeouts."""
+    if other is None:
+        return timeout
+    return other if timeout is None else min(timeout, other)
 
 
 def _stop_processes(processes: list[Any], timeout: float) -> None:

@@ -1,0 +1,125 @@
+"""Restart paths and start-up deadlines: a worker whose envs cannot be rebuilt, or are
+rebuilt slowly, never hangs the agent nor freezes its event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import partial
+
+import pytest
+
+import aiovec
+from tests.conftest import worker_processes
+from tests.envs import CounterEnv
+from tests.faulty import FlakyFactoryEnv
+
+BOUND = 30
+
+
+class HangingConstructorEnv(CounterEnv):
+    def __init__(self, env_index: int = 0) -> None:
+        time.sleep(3600)
+
+
+def test_a_hanging_constructor_hits_the_startup_timeout():
+    before = worker_processes()
+    env_fns = [partial(CounterEnv, 0), partial(HangingConstructorEnv, 1)]
+    with pytest.raises(aiovec.StartupTimeoutError, match=r"envs \[1\].*startup_timeout=0.5") as e:
+        aiovec.VecEnv(env_fns, num_workers=2, startup_timeout=0.5, step_timeout=1)
+    assert isinstance(e.value, TimeoutError)
+    deadline = time.monotonic() + 5
+    while worker_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker_processes() - before == set()
+
+
+@pytest.mark.parametrize("policy_restarts", [1, 3])
+def test_a_factory_that_raises_while_its_worker_is_rebuilt(tmp_path, policy_restarts):
+    """Worker 1 dies (os._exit) and its factory then refuses to build: the step fails
+    with the factory's error (an EnvError that is a ConnectionError), nothing hangs,
+    later sends report it too, and the healthy worker goes on."""
+    ledger = str(tmp_path / "builds")
+    env_fns = [partial(CounterEnv, 0), partial(FlakyFactoryEnv, 1, ledger)]
+    with aiovec.VecEnv(
+        env_fns, num_workers=2, on_failure="restart", max_restarts=policy_restarts
+    ) as venv:
+        venv.reset()
+        venv.step([0, 0])
+        with pytest.raises(ConnectionError, match="refused the connection") as caught:
+            venv.step([0, 0])  # worker 1 exits on this step; its rebuild fails
+        assert isinstance(caught.value, aiovec.EnvError)
+        with pytest.raises(ConnectionError):
+            venv.send([0], env_ids=[1])
+        venv.send([0], env_ids=[0])
+        assert aiovec.run(venv.recv()).env_ids.tolist() == [0]
+        assert venv.call("env_index", env_ids=[0]) == (0,)
+
+
+async def test_a_hanging_rebuild_times_out_without_freezing_the_loop(tmp_path):
+    ledger = str(tmp_path / "builds")
+    env_fns = [partial(CounterEnv, 0), partial(FlakyFactoryEnv, 1, ledger, on_rebuild="hang")]
+    beats = 0
+
+    async def heartbeat() -> None:
+        nonlocal beats
+        while True:
+            beats += 1
+            await asyncio.sleep(0.01)
+
+    async with aiovec.VecEnv(
+        env_fns, num_workers=2, on_failure="restart", max_restarts=1, startup_timeout=1.0
+    ) as venv:
+        await venv.areset()
+        await venv.astep([0, 0])
+        beating = asyncio.ensure_future(heartbeat())
+        venv.send([0, 0])
+        started = time.monotonic()
+        with pytest.raises(aiovec.StartupTimeoutError, match=r"envs \[1\]"):
+            while True:  # env 0 answers; env 1's worker is rebuilt, hangs, is killed
+                batch = await asyncio.wait_for(venv.recv(), BOUND)
+                assert batch.env_ids.tolist() == [0]
+        elapsed = time.monotonic() - started
+        beating.cancel()
+        assert beats >= elapsed / 0.01 / 4  # the loop kept running during the rebuild
+
+
+def test_an_env_whose_in_worker_rebuild_fails_is_never_stepped_again(tmp_path, backend):
+    """The env raises in step (rebuilt where it lives), its factory then raises: the
+    closed env is not stepped silently on the next step; the failure is reported."""
+    ledger = str(tmp_path / "builds")
+    env_fns = [partial(CounterEnv, 0), partial(FlakyFactoryEnv, 1, ledger, fault="raise")]
+    with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart", max_restarts=1) as venv:
+        venv.reset()
+        venv.step([0, 0])
+        with pytest.raises(ConnectionError, match="refused"):
+            venv.step([0, 0])
+        with pytest.raises(aiovec.EnvError, match="could not be rebuilt|refused"):
+            venv.step([0, 0])
+
+
+@pytest.mark.parametrize("policy", ["restart", "raise"])
+async def test_a_worker_that_died_between_recv_and_send(policy):
+    """A worker dies while the agent awaits something else: under the restart policy the
+    next send goes to its replacement (never 'it is gone'); under raise it reports the
+    crash; either way nothing of the send reaches the other worker unless all of it can."""
+    import os
+    import signal
+
+    env_fns = [partial(CounterEnv, i) for i in range(2)]
+    async with aiovec.VecEnv(env_fns, num_workers=2, on_failure=policy) as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        await asyncio.wait_for(venv.recv(min_envs=2), BOUND)
+        os.kill(venv._backend._processes[1].pid, signal.SIGKILL)
+        await asyncio.sleep(0.5)  # the agent is busy elsewhere meanwhile
+        if policy == "raise":
+            with pytest.raises(aiovec.WorkerCrashedError, match="SIGKILL"):
+                venv.send([0, 0])
+            assert venv._scheduler.num_busy == 0  # env 0 was not sent its action either
+            return
+        venv.send([0, 0])
+        batch = await asyncio.wait_for(venv.recv(min_envs=2), BOUND)
+        assert sorted(batch.env_ids.tolist()) == [0, 1]
+        row = batch.env_ids.tolist().index(1)
+        assert batch.infos["restarted"][row]
