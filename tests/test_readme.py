@@ -1,0 +1,54 @@
+"""The README stays consistent: its Python examples compile, its links to its own
+sections resolve, and its table of differences from AsyncVectorEnv covers what
+``tests/test_gymnasium_upstream.py`` lists as deliberate."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _text() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_python_examples_compile():
+    blocks = _python_blocks(_text())
+    assert blocks
+    for block in blocks:
+        # Some snippets continue a coroutine shown earlier: allow top-level await.
+        compile(block, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
+def test_links_to_own_sections_resolve():
+    text = _text()
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(anchor)
+    for target in re.findall(r"\]\(#([^)]+)\)", text):
+        assert target in anchors, f"README links to #{target}, which is no heading"
+
+
+def test_deliberate_differences_are_in_the_table():
+    from tests.test_gymnasium_upstream import DELIBERATE_DIFFERENCES
+
+    section = _section(_text(), "Differences from AsyncVectorEnv")
+    for nodeid, reason in DELIBERATE_DIFFERENCES.items():
+        arguments = re.findall(r"\b(\w+)=", reason)
+        assert arguments, f"{nodeid}: its reason names no argument to look for"
+        for argument in arguments:
+            assert f"`{argument}=`" in section, f"{nodeid}: `{argument}=` not in the README table"
