@@ -20,6 +20,9 @@ from aiovec._host import EnvHost, StepOutcome, error_info
 from aiovec._protocol import Command, Reply, Step, merge_replies
 from aiovec.errors import StepTimeoutError
 
+#: Seconds a late async env has to act on its cancellation before it is abandoned.
+CANCEL_GRACE = 0.1
+
 
 class AsyncEnvServer:
     """Executes commands on ``host``'s envs; every reply goes to ``emit``.
@@ -79,7 +82,9 @@ class AsyncEnvServer:
     async def aclose(self, timeout: float | None = None) -> None:
         """Cancel every runner, then close every env, awaiting async ``close`` methods
         for up to ``timeout`` seconds. Errors of envs that fail to close are ignored."""
-        await asyncio.gather(*self.retire(), return_exceptions=True)
+        runners = self.retire()
+        if runners:  # an env that swallows its cancellation is abandoned at the timeout
+            await asyncio.wait(runners, timeout=timeout)
         closes = []
         for env in self.host.envs.values():
             try:
@@ -105,6 +110,8 @@ class AsyncEnvServer:
                         self._finish(command, position, result, loop)
                     else:
                         await self._execute_in_time(env_id, command, position, loop)
+                        if self.runners.get(env_id) is not asyncio.current_task():
+                            return  # abandoned: a successor answered and serves the env
                     queue.popleft()
                 if not self.park:
                     return
@@ -139,21 +146,33 @@ class AsyncEnvServer:
         """Run env ``env_id``'s part of ``command``, cancelled after ``step_timeout``:
         the command then fails with :class:`aiovec.StepTimeoutError`."""
         timeout = self._step_timeout
-        timer = loop.call_later(timeout, self._expire, env_id)
+        runner = asyncio.current_task()
+        timer = loop.call_later(timeout, self._expire, env_id, runner, loop)
         try:
             result = await self._start(env_id, command, position)
         except asyncio.CancelledError:
+            if self.runners.get(env_id) is not runner:
+                return  # abandoned meanwhile (see _abandon): already answered
             if env_id not in self._expired:
                 raise  # shutting down, not a late env
-            task = asyncio.current_task()
-            if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled
-                task.uncancel()
+            if hasattr(runner, "uncancel"):  # Python 3.11+: this cancellation is handled
+                runner.uncancel()
         else:
-            self._finish(command, position, result, loop)
+            if self.runners.get(env_id) is runner:
+                self._finish(command, position, result, loop)
             return
         finally:
             timer.cancel()
-            self._expired.discard(env_id)
+            if self.runners.get(env_id) is runner:
+                self._expired.discard(env_id)
+        await self._answer_late(env_id, command, position, loop)
+
+    async def _answer_late(
+        self, env_id: int, command: Command, position: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Fail env ``env_id``'s part of ``command`` with StepTimeoutError (a step is then
+        handled like any failed step: rebuilt under the restart policy)."""
+        timeout = self._step_timeout
         late = StepTimeoutError(None, [env_id], [env_id], timeout)
         if type(command) is Step:
             self._step_done(command.seq, await self.host.recover_async(env_id, late), loop)
@@ -162,11 +181,28 @@ class AsyncEnvServer:
             failed = Reply(command.seq, [env_id], errors=[error_info(env_id, operation, late)])
             self._part_done(command, position, failed)
 
-    def _expire(self, env_id: int) -> None:
-        runner = self.runners.get(env_id)
-        if runner is not None:
+    def _expire(self, env_id: int, runner: asyncio.Task, loop: asyncio.AbstractEventLoop) -> None:
+        if self.runners.get(env_id) is runner:
             self._expired.add(env_id)
             runner.cancel()
+            # An env that swallows the cancellation must not keep its command late.
+            loop.call_later(CANCEL_GRACE, self._abandon, env_id, runner, loop)
+
+    def _abandon(self, env_id: int, runner: asyncio.Task, loop: asyncio.AbstractEventLoop) -> None:
+        """The late env ignored its cancellation: answer its command without it, and
+        serve its next commands from a new runner (the old task is left to itself)."""
+        if self.runners.get(env_id) is not runner or env_id not in self._expired:
+            return  # the cancellation took effect
+        self._expired.discard(env_id)
+        successor = loop.create_task(self._take_over(env_id, loop))
+        self.runners[env_id] = successor
+
+    async def _take_over(self, env_id: int, loop: asyncio.AbstractEventLoop) -> None:
+        queue = self._queues[env_id]
+        command, position = queue[0]
+        await self._answer_late(env_id, command, position, loop)
+        queue.popleft()
+        await self._run(env_id, loop)
 
     def _step_done(self, seq: int, outcome: StepOutcome, loop: asyncio.AbstractEventLoop) -> None:
         finished = self._finished_steps.get(seq)

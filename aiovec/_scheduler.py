@@ -305,7 +305,9 @@ class Scheduler:
         for ticket in self._tickets.values():
             late = now - self._sent_at(ticket) >= self._kill_after(ticket.worker)
             if late and ticket.worker not in self._timed_out:
-                self._timed_out[ticket.worker] = ticket.env_ids
+                # Only the envs still owing their result: the others already answered.
+                answered = ticket.answered or ()
+                self._timed_out[ticket.worker] = [e for e in ticket.env_ids if e not in answered]
                 self.backend.kill(ticket.worker)
 
     def dispatch(self, messages: list[Message], pump: bool = False) -> None:

@@ -69,3 +69,34 @@ class AsyncCounterEnv(AsyncEnv):
 
     async def close(self):
         self.closed = True
+
+
+class StubbornAsyncEnv(AsyncCounterEnv):
+    """An async env whose ``stubborn_at``-th step (and ``close``) ignores cancellation
+    for ``STUBBORN_SECONDS``: it swallows CancelledError and goes on waiting (a badly
+    written env; it gives up in the end so that the test's loop can shut down)."""
+
+    def __init__(self, env_index: int = 0, stubborn_at: int = 2, **kwargs) -> None:
+        super().__init__(env_index, **kwargs)
+        self.stubborn_at = stubborn_at
+
+    async def step(self, action):
+        if self.steps_since_built + 1 == self.stubborn_at:
+            self.steps_since_built += 1
+            await _ignore_cancellation(STUBBORN_SECONDS)
+        return await super().step(action)
+
+    async def close(self):
+        await _ignore_cancellation(STUBBORN_SECONDS)
+
+
+STUBBORN_SECONDS = 4.0
+
+
+async def _ignore_cancellation(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.sleep(deadline - time.monotonic())
+        except asyncio.CancelledError:
+            continue

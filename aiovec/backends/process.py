@@ -52,6 +52,9 @@ MAIN_GUARD_HINT = (
 )
 
 
+#: Seconds workers have to exit after SIGTERM before SIGKILL (all together).
+TERMINATE_GRACE = 1.0
+
 #: Seconds a waiting side polls before sleeping, when there are idle cores (see Channel).
 DEFAULT_SPIN = 200e-6
 
@@ -521,8 +524,11 @@ def _stop_processes(processes: list[Any], timeout: float) -> None:
     for process in started:
         if process.exitcode is None:
             process.terminate()
+    deadline = time.monotonic() + TERMINATE_GRACE  # one grace for all, not one each
     for process in started:
-        process.join(1.0)
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in started:
         if process.exitcode is None:
             process.kill()
-            process.join()
+    for process in started:
+        process.join()

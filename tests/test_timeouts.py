@@ -1,0 +1,89 @@
+"""Timeouts bound what they promise to bound, whatever the envs do."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+
+import aiovec
+from tests.async_envs import AsyncCounterEnv, StubbornAsyncEnv
+from tests.conftest import pid_alive, worker_pids
+from tests.envs import CounterEnv
+
+BOUND = 30
+
+
+@pytest.mark.parametrize(
+    "options", [{"backend": "coroutine"}, {"backend": "process", "num_workers": 1}]
+)
+async def test_an_async_env_that_swallows_its_cancellation_still_times_out(options):
+    env_fns = [partial(AsyncCounterEnv, 0), partial(StubbornAsyncEnv, 1, stubborn_at=2)]
+    async with aiovec.VecEnv(env_fns, step_timeout=0.3, close_timeout=0.5, **options) as venv:
+        await venv.areset()
+        await venv.astep([0, 0])
+        venv.send([0, 0])
+        received, timed_out = [], []
+        while len(received) + len(timed_out) < 2:
+            try:
+                batch = await asyncio.wait_for(venv.recv(), BOUND)
+                received += batch.env_ids.tolist()
+            except aiovec.StepTimeoutError as error:
+                timed_out += error.timed_out
+        assert received == [0] and timed_out == [1]
+        venv.send([0], env_ids=[0])  # the others go on
+        assert (await asyncio.wait_for(venv.recv(), BOUND)).env_ids.tolist() == [0]
+    # aclose above returned although env 1's close ignores cancellation (close_timeout)
+
+
+async def test_aclose_is_bounded_by_close_timeout_with_stubborn_envs():
+    env_fns = [partial(StubbornAsyncEnv, i, stubborn_at=1) for i in range(2)]
+    venv = aiovec.VecEnv(env_fns, backend="coroutine", close_timeout=0.2)
+    await venv.areset()
+    venv.send([0, 0])
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(venv.aclose(), BOUND)  # the runners ignore their cancellation
+    assert venv.closed
+
+
+class SigtermProofEnv(CounterEnv):
+    def __init__(self, env_index: int = 0) -> None:
+        super().__init__(env_index)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def test_close_kills_workers_that_ignore_sigterm():
+    env_fns = [partial(SigtermProofEnv, i) for i in range(4)]
+    venv = aiovec.VecEnv(env_fns, num_workers=4, close_timeout=0.1)
+    venv.reset()
+    pids = worker_pids(venv)
+    venv.send(np.zeros(4, dtype=np.int64))  # never collected
+    venv.close()
+    assert not any(pid_alive(pid) for pid in pids)
+
+
+class SlowThirdEnv(CounterEnv):
+    def step(self, action):
+        if self.env_index == 2:
+            time.sleep(3600)
+        return super().step(action)
+
+
+async def test_a_step_timeout_names_only_the_envs_still_owing_results():
+    env_fns = [partial(SlowThirdEnv, i) for i in range(3)]
+    async with aiovec.VecEnv(
+        env_fns, num_workers=1, step_timeout=0.5, concurrent_envs=False
+    ) as venv:
+        await venv.areset()
+        venv.send([0, 0, 0])
+        received = []
+        with pytest.raises(aiovec.StepTimeoutError) as caught:
+            while True:
+                batch = await asyncio.wait_for(venv.recv(), BOUND)
+                received += batch.env_ids.tolist()
+        assert sorted(received) == [0, 1]
+        assert caught.value.timed_out == [2]
