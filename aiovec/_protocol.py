@@ -297,8 +297,22 @@ def wire_reply(reply: Reply) -> Reply:
 
 
 def encode_reply(reply: Reply) -> bytes:
-    """``reply`` as one frame for :func:`decode_message`."""
-    return encode(wire_reply(reply))
+    """``reply`` as one frame for :func:`decode_message`.
+
+    A value that cannot be pickled (an info, a call's result) fails that reply's envs
+    with a ``TypeError`` naming it, rather than the worker."""
+    try:
+        return encode(wire_reply(reply))
+    except Exception as exc:
+        message = (
+            f"what the env returned could not be sent back ({type(exc).__name__}: {exc}); "
+            "return picklable values (infos, call results, observations)"
+        )
+        errors = [
+            ErrorInfo(env_id, "send back", "TypeError", message, "", exc_module="builtins")
+            for env_id in reply.env_ids
+        ]
+        return encode(Reply(reply.seq, reply.env_ids, errors=errors))
 
 
 def decoder(kind: Any) -> msgspec.msgpack.Decoder:

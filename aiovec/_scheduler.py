@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -34,6 +35,11 @@ from aiovec.errors import (
 logger = logging.getLogger("aiovec")
 
 IDLE, BUSY, READY = 0, 1, 2
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Ticket:
@@ -221,7 +227,9 @@ class Scheduler:
                 if expires <= now:
                     self._kill_late_workers(now)
                     expires = now + 0.05  # the kill is reported through the sentinel
-                remaining = expires - now if remaining is None else min(remaining, expires - now)
+                if expires != math.inf:  # inf: every late worker is still (re)starting
+                    until = expires - now
+                    remaining = until if remaining is None else min(remaining, until)
             if self.blocking:
                 self.dispatch(self.backend.wait_blocking(remaining))
             elif self._pumping:
@@ -242,22 +250,23 @@ class Scheduler:
 
     async def _park(self, timeout: float | None) -> None:
         """Sleep until the state changes (or ``timeout``)."""
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._parked.add(future)
+        # A timer, not asyncio.wait_for: before Python 3.12, wait_for drops a
+        # cancellation that arrives as the future completes, and the cancelled task
+        # would go on waiting (and take results its caller then discards).
+        timer = None if timeout is None else loop.call_later(timeout, _settle, future)
         try:
-            if timeout is None:
-                await future
-            else:
-                await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
-            pass
+            await future
         finally:
             self._parked.discard(future)
+            if timer is not None:
+                timer.cancel()
 
     def _wake_parked(self) -> None:
         for future in self._parked:
-            if not future.done():
-                future.set_result(None)
+            _settle(future)
         self._parked.clear()
 
     def _check_thread(self) -> None:

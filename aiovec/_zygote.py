@@ -93,17 +93,41 @@ class Zygote:
             )
         finally:
             child_end.close()
-        hello, _ = _receive_frame(self._sock)
-        self._registry_ids: frozenset[str] = pickle.loads(hello)
+        self._broken = False
+        self._sock.settimeout(START_TIMEOUT)
+        try:
+            hello, _ = _receive_frame(self._sock)
+        except (EOFError, OSError) as exc:
+            self._process.kill()
+            self._process.wait()
+            raise RuntimeError(
+                f"aiovec could not start its worker launcher ({sys.executable} -c 'import "
+                f"aiovec._zygote'): {exc}. The interpreter must be able to import this "
+                "aiovec (see its output above); or pass context='spawn' or 'fork'"
+            ) from None
+        self._sock.settimeout(None)
+        self._registry: dict[str, Any] = pickle.loads(hello)
 
     @property
     def alive(self) -> bool:
-        return self._process.poll() is None and self._pid_of_owner == os.getpid()
+        return (
+            not self._broken and self._process.poll() is None and self._pid_of_owner == os.getpid()
+        )
 
     def _request(self, message: Any, fds: list[int] = ()) -> Any:
-        with self._lock:
-            _send_frame(self._sock, pickle.dumps(message), fds)
-            answer, _ = _receive_frame(self._sock)
+        if self._broken:
+            raise OSError("the zygote's requests and answers fell out of step")
+        with self._lock, _no_interrupt():
+            try:
+                self._sock.settimeout(START_TIMEOUT)
+                _send_frame(self._sock, pickle.dumps(message), fds)
+                answer, _ = _receive_frame(self._sock)
+                self._sock.settimeout(None)
+            except BaseException:
+                # An answer may still be on its way: never read it as the next one.
+                # The zygote is kept (its workers live on); a new one serves new workers.
+                self._broken = True
+                raise
         kind, value = pickle.loads(answer)
         if kind == "error":
             raise RuntimeError(f"the aiovec zygote could not start a worker: {value}")
@@ -115,7 +139,8 @@ class Zygote:
         """Fork ``target(sock, *args, **kwargs)`` from the zygote; its process handle."""
         # Unpickled in the worker only (after sys.path is set), never in the zygote.
         blob = cloudpickle.dumps((target, args, kwargs or {}, self._custom_specs()))
-        pid = self._request(("spawn", (list(sys.path), os.getcwd(), blob)), [sock.fileno()])
+        state = (list(sys.path), os.getcwd(), dict(os.environ), blob)
+        pid = self._request(("spawn", state), [sock.fileno()])
         return ZygoteProcess(self, pid)
 
     def exitcode(self, pid: int) -> int | None:
@@ -131,7 +156,7 @@ class Zygote:
 
         specs = []
         for env_id, spec in gymnasium.registry.items():
-            if env_id not in self._registry_ids:
+            if self._registry.get(env_id) != spec:  # new, or registered again differently
                 try:
                     cloudpickle.dumps(spec)
                 except Exception:  # an entry point that cannot travel: make() will say so
@@ -152,6 +177,24 @@ class Zygote:
 
 _shared: Zygote | None = None
 _shared_lock = threading.Lock()
+
+
+#: Seconds the zygote may take to start, or to answer a request.
+START_TIMEOUT = 60.0
+
+
+class _no_interrupt:
+    """Defers Ctrl-C (SIGINT) in the main thread until a request has its answer, so
+    that an interrupt never leaves an answer unread."""
+
+    def __enter__(self) -> None:
+        self._blocked = threading.current_thread() is threading.main_thread()
+        if self._blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def shared() -> Zygote:
@@ -228,8 +271,14 @@ class ZygoteProcess:
         self._signal(signal.SIGKILL)
 
     def close(self) -> None:
+        """Release the pidfd (the exit code is fetched first, if the worker is gone)."""
         if self.sentinel >= 0:
             self.exitcode  # noqa: B018 -- fetch it while the zygote still knows it
+            self.forget()
+
+    def forget(self) -> None:
+        """Release the pidfd without asking the zygote anything (a forked copy)."""
+        if self.sentinel >= 0:
             os.close(self.sentinel)
             self.sentinel = -1
 
@@ -262,7 +311,13 @@ def serve(fd: int) -> None:
                 return
             children[pid] = os.waitstatus_to_exitcode(status)
 
-    _send_frame(agent, pickle.dumps(frozenset(gymnasium.registry)))
+    registry = {}
+    for env_id, spec in gymnasium.registry.items():
+        try:
+            registry[env_id] = pickle.loads(pickle.dumps(spec))
+        except Exception:  # the agent then always sends its own
+            continue
+    _send_frame(agent, pickle.dumps(registry))
     try:
         while True:
             ready, _, _ = select.select([agent, wake_read], [], [])
@@ -279,7 +334,7 @@ def serve(fd: int) -> None:
                 kind, value = pickle.loads(request)
                 if kind == "spawn":
                     answer = ("ok", _fork(value, fds, agent, (wake_read, wake_write)))
-                    children.setdefault(answer[1], None)
+                    children[answer[1]] = None  # a reused pid: forget the old code
                 else:  # "status"
                     reap()
                     answer = ("ok", children.get(value))
@@ -316,8 +371,10 @@ def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, 
         agent.close()
         for descriptor in wake_fds:
             os.close(descriptor)
-        sys_path, cwd, blob = spec
+        sys_path, cwd, environ, blob = spec
         sys.path[:] = sys_path
+        os.environ.clear()
+        os.environ.update(environ)
         try:
             os.chdir(cwd)
         except OSError:
@@ -327,7 +384,7 @@ def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, 
             import gymnasium
 
             for env_spec in specs:
-                gymnasium.registry.setdefault(env_spec.id, env_spec)
+                gymnasium.registry[env_spec.id] = env_spec
         target(socket.socket(fileno=worker_fd), *args, **kwargs)
         status = 0
     except BaseException:

@@ -39,6 +39,7 @@ from aiovec.errors import (
     NoPendingCallError,
     NothingInFlightError,
     PendingCallError,
+    WaitTimeoutError,
 )
 
 BACKENDS = ("process", "inline", "coroutine", "ray")
@@ -605,11 +606,13 @@ class VecEnv(VectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         """Reset all envs (or ``options["reset_mask"]``); see :meth:`areset`."""
         self._blocking_call("reset", "areset")
+        self._begin("reset", synchronous=True)
         return self._run(self.areset(seed=seed, options=options))
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env; see :meth:`astep`."""
         self._blocking_call("step", "astep")
+        self._begin("step", synchronous=True)
         return self._run(self.astep(actions))
 
     def call(
@@ -618,6 +621,7 @@ class VecEnv(VectorEnv):
         """Call ``name`` on every env or on ``env_ids`` (or read it, if not callable);
         see :meth:`acall`."""
         self._blocking_call("call", "acall")
+        self._begin("call", synchronous=True)
         return self._run(self.acall(name, *args, env_ids=env_ids, **kwargs))
 
     def apply(
@@ -638,6 +642,7 @@ class VecEnv(VectorEnv):
     def set_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:
         """Set attribute ``name`` on every env (or ``env_ids``); see :meth:`aset_attr`."""
         self._blocking_call("set_attr", "aset_attr")
+        self._begin("set_attr", synchronous=True)
         self._run(self.aset_attr(name, values, env_ids))
 
     def render(self) -> tuple[Any, ...] | None:
@@ -672,7 +677,8 @@ class VecEnv(VectorEnv):
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict]:
         """Finish :meth:`reset_async`."""
-        return self._run(self._reset_wait(self._end("reset"), timeout))
+        tickets = self._end("reset")
+        return self._wait_pending("reset", tickets, self._reset_wait(tickets, timeout))
 
     def step_async(self, actions: Any) -> None:
         """Start a step of every env; finish it with :meth:`step_wait`."""
@@ -681,7 +687,8 @@ class VecEnv(VectorEnv):
 
     def step_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`step_async`."""
-        return self._run(self._step_wait(self._end("step"), timeout))
+        tickets = self._end("step")
+        return self._wait_pending("step", tickets, self._step_wait(tickets, timeout))
 
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Start a call on every env; finish it with :meth:`call_wait`."""
@@ -690,15 +697,26 @@ class VecEnv(VectorEnv):
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`call_async`."""
-        return self._run(self._call_wait(*self._end("call"), timeout))
+        state = self._end("call")
+        return self._wait_pending("call", state, self._call_wait(*state, timeout))
 
-    def _begin(self, kind: str) -> None:
-        """Refuse a ``*_async`` call while another one is pending (before anything is sent)."""
+    def _wait_pending(self, kind: str, state: Any, waiting: Any) -> Any:
+        """Run the wait of a ``*_async`` call; after a timeout the call stays pending
+        (its ``*_wait`` may be called again), as nothing of it is lost."""
+        try:
+            return self._run(waiting)
+        except WaitTimeoutError:
+            self._pending = (kind, state)
+            raise
+
+    def _begin(self, kind: str, synchronous: bool = False) -> None:
+        """Refuse a call while a ``*_async`` call is pending (before anything is sent)."""
         self._check_open(kind)
         if self._pending is not None:
             pending = self._pending[0]
+            method = kind if synchronous else f"{kind}_async"
             raise PendingCallError(
-                f"Calling `{kind}_async` while waiting for a pending call to `{pending}` to "
+                f"Calling `{method}` while waiting for a pending call to `{pending}` to "
                 f"complete: call {pending}_wait() first",
                 pending,
             )

@@ -147,6 +147,7 @@ class ProcessBackend(Backend):
         self._max_restarts = max_restarts
         self._step_timeout = step_timeout
         self._concurrent_envs = concurrent_envs
+        self._owner_pid = os.getpid()  # a forked child must not stop our workers
         self._async_workers: set[int] = set()  # workers of async envs (they time envs out)
         self._startup_timeout = startup_timeout
         # Restarted workers that have not said hello yet: (deadline, commands waiting).
@@ -352,7 +353,9 @@ class ProcessBackend(Backend):
                 )
                 self._processes[worker].kill()
         pending = [d for w, (d, _) in self._starting.items() if w not in self._start_errors]
-        return max(0.0, min(pending) - now) if pending else None
+        if not pending or min(pending) == math.inf:
+            return None
+        return max(0.0, min(pending) - now)
 
     def kill(self, worker: int) -> None:
         """SIGKILL ``worker`` (a hung env); its exit arrives as a ``WorkerExit`` message."""
@@ -489,13 +492,23 @@ class ProcessBackend(Backend):
 
     def close(self, timeout: float) -> None:
         self._unbind()
-        for worker, connection in enumerate(self._connections):
-            if worker not in self._dead and connection is not None:
-                try:  # a worker that does not read (its env is busy) gets no more time
-                    connection.send(encode(Close(seq=0)), timeout=min(timeout, 0.1))
-                except OSError:  # gone, or not reading (TimeoutError): stopped below
-                    pass
-        _stop_processes(self._processes, timeout)
+        if os.getpid() != self._owner_pid:
+            # A forked copy of the agent (its child closing what it inherited): the
+            # workers are the parent's, never stop them from here; drop the descriptors.
+            for process in self._processes:
+                if isinstance(process, zygote.ZygoteProcess):
+                    process.forget()
+        else:
+            for worker, connection in enumerate(self._connections):
+                if worker not in self._dead and connection is not None:
+                    try:  # a worker that does not read (its env is busy) gets no more time
+                        connection.send(encode(Close(seq=0)), timeout=min(timeout, 0.1))
+                    except OSError:  # gone, or not reading (TimeoutError): stopped below
+                        pass
+            _stop_processes(self._processes, timeout)
+            for process in self._processes:
+                if process is not None and process.pid is not None:
+                    process.close()  # frees its sentinel (a pidfd for zygote workers)
         for connection in self._connections:
             if connection is not None:
                 connection.close()

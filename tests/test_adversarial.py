@@ -1,0 +1,147 @@
+"""Cases found by trying to break aiovec as a demanding user would."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import aiovec
+from aiovec import _zygote
+from tests.envs import CounterEnv
+
+BOUND = 30
+
+
+async def test_cancelling_the_pump_and_a_parked_recv_together_loses_nothing():
+    async with aiovec.VecEnv([partial(CounterEnv, 0, delay=0.2)], backend="process") as venv:
+        await venv.areset()
+        venv.send([0])
+        pump = asyncio.ensure_future(venv.recv())
+        await asyncio.sleep(0.01)
+        parked = asyncio.ensure_future(venv.recv(timeout=10))
+        await asyncio.sleep(0.01)
+        pump.cancel()
+        parked.cancel()
+        outcomes = await asyncio.gather(pump, parked, return_exceptions=True)
+        assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes)
+        batch = await asyncio.wait_for(venv.recv(), BOUND)  # the result is still there
+        assert batch.env_ids.tolist() == [0]
+
+
+def test_an_interrupted_zygote_request_never_desynchronizes_later_ones(monkeypatch):
+    with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+        venv.reset()
+    zygote = _zygote.shared()
+    real_receive = _zygote._receive_frame
+    calls = []
+
+    def interrupted(sock):
+        if not calls:
+            calls.append(1)
+            real_receive(sock)  # the answer is read, then the interrupt lands
+            raise KeyboardInterrupt
+        return real_receive(sock)
+
+    monkeypatch.setattr(_zygote, "_receive_frame", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        aiovec.VecEnv([CounterEnv] * 2, num_workers=2)
+    assert not zygote.alive  # set aside: a new zygote serves the next vector env
+    with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+        observations, _ = venv.reset()
+        assert observations.shape == (2, 2)
+
+
+def test_a_forked_child_closing_its_copy_leaves_the_parents_workers_alone():
+    with aiovec.VecEnv([partial(CounterEnv, i) for i in range(2)], num_workers=2) as venv:
+        venv.reset()
+        pid = os.fork()
+        if pid == 0:  # the child: closes (and garbage-collects) what it inherited
+            try:
+                venv.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        observations, *_ = venv.step([0, 0])
+        assert observations[:, 1].tolist() == [1, 1]
+
+
+def _max_steps(env) -> int:
+    return env.spec.max_episode_steps
+
+
+def _environment_value(env) -> str | None:
+    return os.environ.get("AIOVEC_TEST_SETTING")
+
+
+def test_workers_see_the_agents_registrations_and_environment(monkeypatch):
+    original = gym.registry["CartPole-v1"]
+    gym.register("CartPole-v1", entry_point=original.entry_point, max_episode_steps=3)
+    try:
+        monkeypatch.setenv("AIOVEC_TEST_SETTING", "on")
+        with aiovec.make("CartPole-v1", 2, backend="process") as venv:
+            assert venv.apply(_max_steps) == (3, 3)
+            assert venv.apply(_environment_value) == ("on", "on")
+    finally:
+        gym.registry["CartPole-v1"] = original
+
+
+def test_sync_restart_with_step_timeout_and_no_startup_timeout():
+    env_fns = [partial(CounterEnv, i) for i in range(2)]
+    with aiovec.VecEnv(
+        env_fns, num_workers=2, on_failure="restart", step_timeout=5, startup_timeout=None
+    ) as venv:
+        venv.reset()
+        os.kill(venv._backend._processes[1].pid, signal.SIGKILL)
+        observations, _, _, truncations, infos = venv.step([0, 0])
+        assert truncations[1] and infos["restarted"][1]
+
+
+def _lock(env):
+    return threading.Lock()
+
+
+def test_a_result_that_cannot_be_pickled_is_an_error_not_a_dead_worker():
+    with aiovec.VecEnv([partial(CounterEnv, i) for i in range(2)], num_workers=1) as venv:
+        venv.reset()
+        with pytest.raises(TypeError, match="could not be sent back"):
+            venv.apply(_lock)
+        assert venv.call("env_index") == (0, 1)
+        assert venv.worker_restarts == (0,)
+
+
+def test_create_close_cycles_leave_no_descriptors():
+    def count() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:  # zygote started
+        venv.reset()
+    before = count()
+    for _ in range(5):
+        with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+            venv.reset()
+    assert count() == before
+
+
+def test_step_wait_after_a_timeout_can_be_called_again():
+    from gymnasium.error import AlreadyPendingCallError
+
+    env_fns = [partial(CounterEnv, 0, delay=0.3)]
+    with aiovec.VecEnv(env_fns, backend="process") as venv:
+        venv.reset()
+        venv.step_async([0])
+        with pytest.raises(aiovec.WaitTimeoutError):
+            venv.step_wait(timeout=0.01)
+        with pytest.raises(AlreadyPendingCallError):
+            venv.step([0])
+        with pytest.raises(AlreadyPendingCallError):
+            venv.reset()
+        observations, *_ = venv.step_wait(timeout=BOUND)
+        assert observations[:, 1].tolist() == [1]
+        assert np.asarray(venv.step([0])[0])[:, 1].tolist() == [2]
