@@ -1,6 +1,6 @@
 """``backend="auto"``: pick the backend and worker count from a short probe of the env.
 
-One throwaway env is built in this process and stepped for a few milliseconds. From
+One throwaway env is built in a child process and stepped for a few milliseconds. From
 its step time and the share of that time spent on the CPU:
 
 - cheap envs, where the whole batch steps faster in this process than one
@@ -18,12 +18,16 @@ its step time and the share of that time spent on the CPU:
 from __future__ import annotations
 
 import os
+import pickle
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import gymnasium as gym
 
+from aiovec import _zygote
 from aiovec.async_env import AsyncEnv
 
 #: Cost of one lockstep round trip through the process backend (seconds), a conservative
@@ -64,15 +68,20 @@ class _AsyncEnvFound(Exception):
     pass
 
 
-def choose_backend(env_fn: Callable[[], gym.Env], num_envs: int) -> dict[str, Any]:
+def choose_backend(
+    env_fn: Callable[[], gym.Env], num_envs: int, isolate: bool = False
+) -> dict[str, Any]:
     """``VecEnv`` options (``backend``, ``num_workers``) suited to ``num_envs`` such envs.
 
-    Falls back to the process backend when the probe itself fails, so that the real
-    construction reports the error with the env's index.
+    The probe runs in a child process where possible: an env that crashes or hangs
+    while probed cannot take the agent with it. With ``isolate`` (restarts or step
+    timeouts asked for), no env is placed in the agent's process. Falls back to the
+    process backend when the probe fails, so that the real construction reports the
+    error with the env's index.
     """
     cores = os.cpu_count() or 1
     try:
-        step_time, cpu_share = probe_step_time(env_fn)
+        step_time, cpu_share = _probe(env_fn)
     except _AsyncEnvFound:
         if num_envs >= MANY_ASYNC_ENVS and cores > 1:
             return {"backend": "process", "num_workers": cores}
@@ -81,6 +90,8 @@ def choose_backend(env_fn: Callable[[], gym.Env], num_envs: int) -> dict[str, An
         return {"backend": "process"}
     if cpu_share < WAITING_CPU_SHARE:
         return {"backend": "process", "num_workers": min(num_envs, MAX_WAITING_WORKERS)}
+    if isolate:
+        return {"backend": "process", "num_workers": min(cores, num_envs)}
     inline_time = num_envs * step_time
     parallel_time = inline_time / min(cores, num_envs) + IPC_ROUND_TRIP
     if cores == 1 or inline_time <= parallel_time:
@@ -91,3 +102,47 @@ def choose_backend(env_fn: Callable[[], gym.Env], num_envs: int) -> dict[str, An
         "num_workers": processes - 1,
         "inline_envs": num_envs // processes,
     }
+
+
+#: Seconds a probe in a child process may take (building the env included).
+CHILD_PROBE_DEADLINE = 30.0
+
+
+def _probe(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
+    """:func:`probe_step_time` in a child process forked by the zygote (in this
+    process where there is no zygote)."""
+    if not _zygote.available():
+        return probe_step_time(env_fn)
+    payload = cloudpickle.dumps(env_fn)  # a factory that cannot travel: the caller falls back
+    parent, child = socket.socketpair()
+    try:
+        process = _zygote.shared().spawn(_probe_in_child, child, (payload,))
+    finally:
+        child.close()
+    try:
+        parent.settimeout(CHILD_PROBE_DEADLINE)
+        answer = b""
+        while chunk := parent.recv(1 << 16):
+            answer += chunk
+        kind, value = pickle.loads(answer)
+    finally:
+        parent.close()
+        process.kill()  # gone already, unless it hangs
+        process.join(1.0)
+        process.close()
+    if kind == "async":
+        raise _AsyncEnvFound
+    if kind != "ok":
+        raise RuntimeError(f"the probe failed: {value}")
+    return value
+
+
+def _probe_in_child(sock: socket.socket, payload: bytes) -> None:
+    try:
+        result: tuple[str, Any] = ("ok", probe_step_time(cloudpickle.loads(payload)))
+    except _AsyncEnvFound:
+        result = ("async", None)
+    except Exception as exc:
+        result = ("error", f"{type(exc).__name__}: {exc}")
+    sock.sendall(pickle.dumps(result))
+    sock.close()

@@ -114,14 +114,14 @@ class Zygote:
             not self._broken and self._process.poll() is None and self._pid_of_owner == os.getpid()
         )
 
-    def _request(self, message: Any, fds: list[int] = ()) -> Any:
+    def _request(self, message: Any, fds: list[int] = ()) -> tuple[Any, list[int]]:
         if self._broken:
             raise OSError("the zygote's requests and answers fell out of step")
         with self._lock, _no_interrupt():
             try:
                 self._sock.settimeout(START_TIMEOUT)
                 _send_frame(self._sock, pickle.dumps(message), fds)
-                answer, _ = _receive_frame(self._sock)
+                answer, received_fds = _receive_frame(self._sock)
                 self._sock.settimeout(None)
             except BaseException:
                 # An answer may still be on its way: never read it as the next one.
@@ -131,7 +131,7 @@ class Zygote:
         kind, value = pickle.loads(answer)
         if kind == "error":
             raise RuntimeError(f"the aiovec zygote could not start a worker: {value}")
-        return value
+        return value, received_fds
 
     def spawn(
         self, target: Any, sock: socket.socket, args: tuple = (), kwargs: dict | None = None
@@ -140,13 +140,13 @@ class Zygote:
         # Unpickled in the worker only (after sys.path is set), never in the zygote.
         blob = cloudpickle.dumps((target, args, kwargs or {}, self._custom_specs()))
         state = (list(sys.path), os.getcwd(), dict(os.environ), blob)
-        pid = self._request(("spawn", state), [sock.fileno()])
-        return ZygoteProcess(self, pid)
+        pid, (pidfd,) = self._request(("spawn", state), [sock.fileno()])
+        return ZygoteProcess(self, pid, pidfd)
 
     def exitcode(self, pid: int) -> int | None:
         """``pid``'s exit code once it has exited (negative: killed by that signal)."""
         try:
-            return self._request(("status", pid))
+            return self._request(("status", pid))[0]
         except (OSError, EOFError):  # the zygote is gone: so is the code
             return None
 
@@ -233,10 +233,12 @@ class ZygoteProcess:
     the process backend uses (``pid``, ``sentinel``, ``exitcode``, ``join``, ``kill``,
     ``terminate``, ``close``)."""
 
-    def __init__(self, zygote: Zygote, pid: int) -> None:
+    def __init__(self, zygote: Zygote, pid: int, pidfd: int) -> None:
         self._zygote = zygote
         self.pid = pid
-        self.sentinel = os.pidfd_open(pid)  # readable once the process has exited
+        # Opened by the zygote before it could reap the process (which may exit at
+        # once): readable once the process has exited.
+        self.sentinel = pidfd
         self._exitcode: int | None = None
 
     def _exited(self, timeout: float | None = 0) -> bool:
@@ -330,11 +332,14 @@ def serve(fd: int) -> None:
                 request, fds = _receive_frame(agent)
             except (EOFError, OSError):
                 return
+            answer_fds: list[int] = []
             try:
                 kind, value = pickle.loads(request)
                 if kind == "spawn":
-                    answer = ("ok", _fork(value, fds, agent, (wake_read, wake_write)))
-                    children[answer[1]] = None  # a reused pid: forget the old code
+                    pid = _fork(value, fds, agent, (wake_read, wake_write))
+                    children[pid] = None  # a reused pid: forget the old code
+                    answer_fds.append(os.pidfd_open(pid))  # before any reaping
+                    answer = ("ok", pid)
                 else:  # "status"
                     reap()
                     answer = ("ok", children.get(value))
@@ -343,7 +348,9 @@ def serve(fd: int) -> None:
             finally:
                 for descriptor in fds:
                     os.close(descriptor)
-            _send_frame(agent, pickle.dumps(answer))
+            _send_frame(agent, pickle.dumps(answer), answer_fds)
+            for descriptor in answer_fds:
+                os.close(descriptor)
     finally:
         # The agent is gone (or stopped us): no worker may outlive it.
         for pid, code in children.items():

@@ -176,7 +176,9 @@ class VecEnv(VectorEnv):
                     "`lambda: gymnasium.make('CartPole-v1')` or use aiovec.make()"
                 )
         if backend == "auto":
-            chosen = choose_backend(env_fns[0], len(env_fns))
+            # With restarts or step timeouts asked for, every env stays out of this process.
+            isolate = on_failure == "restart" or step_timeout is not None
+            chosen = choose_backend(env_fns[0], len(env_fns), isolate=isolate)
             backend = chosen.pop("backend")
             if backend in ("process", "ray") and num_workers is None:  # the user's count wins
                 num_workers = chosen.get("num_workers")

@@ -83,3 +83,43 @@ def test_vec_env_accepts_auto_and_a_given_worker_count_wins():
         assert (venv.backend, venv.num_workers) == ("process", 1)
     with pytest.raises(ValueError, match="backend must be one of"):
         aiovec.VecEnv([env_fn], backend="threads")
+
+
+class _CrashesOnThirdStep(CounterEnv):
+    def step(self, action):
+        if self.count == 2:
+            os._exit(3)
+        return super().step(action)
+
+
+class _HangsInStep(CounterEnv):
+    def step(self, action):
+        import time
+
+        time.sleep(3600)
+
+
+def test_auto_probe_of_an_env_that_crashes_cannot_kill_the_agent():
+    with aiovec.make(_CrashesOnThirdStep, 4) as venv:  # the probe's process died, not us
+        assert venv.backend == "process"
+        venv.reset()
+        venv.step(np.zeros(4, dtype=np.int64))
+
+
+def test_auto_probe_of_an_env_that_hangs_gives_up(monkeypatch):
+    import aiovec._auto
+
+    monkeypatch.setattr(aiovec._auto, "CHILD_PROBE_DEADLINE", 0.5)
+    with aiovec.make(_HangsInStep, 2, step_timeout=0.5) as venv:
+        assert venv.backend == "process"
+
+
+@pytest.mark.parametrize(
+    "options", [{"on_failure": "restart"}, {"step_timeout": 5.0}], ids=["restart", "timeout"]
+)
+def test_auto_keeps_every_env_out_of_the_agent_when_isolation_is_asked_for(options):
+    with aiovec.make("CartPole-v1", 8, **options) as venv:
+        assert venv.backend == "process"
+        assert venv.inline_envs == 0
+        venv.reset(seed=0)
+        venv.step(venv.action_space.sample())
