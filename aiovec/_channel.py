@@ -23,7 +23,8 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.eof = False  # the other end closed (or died); no more frames will come
-        self._pending = bytearray()
+        self._pending = bytearray()  # read, not yet returned as frames
+        self._outgoing = bytearray()  # to send, once the socket has room (send_soon)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -40,7 +41,8 @@ class Channel:
                 (the other end does not read); part of it may have been sent.
             OSError: the other end is gone.
         """
-        data = memoryview(HEADER.pack(len(frame)) + frame)
+        data = memoryview(bytes(self._outgoing) + HEADER.pack(len(frame)) + frame)
+        self._outgoing.clear()  # what send_soon left waiting goes first
         sock = self.sock
         deadline = None if timeout is None else time.monotonic() + timeout
         while data:
@@ -56,6 +58,44 @@ class Channel:
             readable, _, _ = select.select(watched, (sock,), (), remaining)
             if readable:
                 self._read_available()
+
+    def send_soon(self, frame: bytes) -> bool:
+        """Send ``frame`` without ever blocking: what the socket cannot take now waits
+        in this channel, in order, until :meth:`flush` (call it when the socket is
+        writable). Returns whether everything was sent.
+
+        Raises:
+            OSError: the other end is gone.
+        """
+        data = HEADER.pack(len(frame)) + frame
+        if self._outgoing:
+            self._outgoing += data
+            return self.flush()
+        try:
+            sent = self.sock.send(data, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(data):
+            self._outgoing += memoryview(data)[sent:]
+            return False
+        return True
+
+    def flush(self) -> bool:
+        """Send what :meth:`send_soon` left waiting, as far as the socket takes it now;
+        whether nothing waits any more."""
+        outgoing = self._outgoing
+        while outgoing:
+            try:
+                sent = self.sock.send(outgoing, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+            del outgoing[:sent]
+        return True
+
+    @property
+    def unsent(self) -> bool:
+        """Whether bytes wait for room in the socket (see :meth:`send_soon`)."""
+        return bool(self._outgoing)
 
     @property
     def buffered(self) -> bool:

@@ -1,9 +1,11 @@
 """Per-env state, sequence-numbered requests and the ready-queue.
 
-Every env is IDLE (may be sent an action), BUSY (a command is in flight) or READY (its
-step result arrived and waits in the ready-queue for ``recv``). Each command carries a
-fresh sequence number; a reply is matched to its request by that number, so a late or
-unknown reply can never be taken for a current one.
+Every env is IDLE (may be sent an action), BUSY (a step is in flight) or READY (its
+step result arrived and waits in the ready-queue for ``recv``). Resets and calls do not
+change that state: a worker runs an env's commands in the order they were sent, so a
+call may be sent to an env while it steps (and a step after a reset still in flight).
+Each command carries a fresh sequence number; a reply is matched to its request by that
+number, so a late or unknown reply can never be taken for a current one.
 
 Messages are applied synchronously (:meth:`Scheduler.dispatch`), never across an
 ``await``: cancelling a coroutine that waits here loses nothing.
@@ -174,9 +176,9 @@ class Scheduler:
             ticket = Ticket(worker, group, rows, is_step, command, now)
             self.backend.submit(worker, payload)
             self._tickets[command.seq] = ticket
-            self._mark(rows, BUSY)
             self.num_busy += len(group)
-            if is_step:
+            if is_step:  # resets and calls queue behind steps in the worker: no state
+                self._mark(rows, BUSY)
                 self.num_stepping += len(group)
             tickets.append(ticket)
         if self._parked:  # e.g. an inline backend: the results are already waiting
@@ -395,7 +397,6 @@ class Scheduler:
         if reply is not None:
             self._record(ticket, reply)
         self.num_busy -= len(ticket.env_ids)
-        self._mark(ticket.rows, IDLE)
 
     def _step_results(
         self, ticket: Ticket, env_ids: list[int], reply: Reply | None, failure: Exception | None
@@ -437,16 +438,6 @@ class Scheduler:
             state = self.state
             for env_id in rows:
                 state[env_id] = value
-
-    def stepping_env_ids(self) -> set[int]:
-        """The envs with a step in flight (for error messages: not on the hot path)."""
-        return {
-            env_id
-            for ticket in self._tickets.values()
-            if ticket.is_step
-            for env_id in ticket.env_ids
-            if not ticket.answered or env_id not in ticket.answered
-        }
 
     def take_ready(self, limit: int) -> list[int]:
         """Up to ``limit`` env ids from the ready-queue, oldest first, marked IDLE."""

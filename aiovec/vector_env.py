@@ -827,32 +827,21 @@ class VecEnv(VectorEnv):
 
     def _check_idle(self, env_ids: Sequence[int], operation: str) -> None:
         scheduler = self._scheduler
-        if not scheduler.num_busy and not scheduler.ready_queue:
+        if not scheduler.num_stepping and not scheduler.ready_queue:
             return
         state = scheduler.state
         busy = [i for i in env_ids if state[i] != IDLE]
-        if busy and scheduler.num_busy:  # replies that arrived but were not applied yet
-            scheduler.dispatch(self._backend.poll())
-            busy = [i for i in env_ids if state[i] != IDLE]
         if busy:
             in_flight = [i for i in busy if state[i] == BUSY]
             unread = [i for i in busy if state[i] != BUSY]
-            stepping = scheduler.stepping_env_ids()
             detail = []
-            if [i for i in in_flight if i in stepping]:
-                actions = [i for i in in_flight if i in stepping]
-                detail.append(f"envs {_brief(actions)} still have an action in flight")
-            if [i for i in in_flight if i not in stepping]:
-                others = [i for i in in_flight if i not in stepping]
-                detail.append(
-                    f"envs {_brief(others)} still run a reset or call (whose awaiting task may "
-                    "have been cancelled: it completes in the background)"
-                )
+            if in_flight:
+                detail.append(f"envs {_brief(in_flight)} still have an action in flight")
             if unread:
                 detail.append(f"envs {_brief(unread)} have a result not yet taken by recv()")
             raise EnvBusyError(
                 f"cannot {operation} these envs: {'; '.join(detail)}. "
-                "Await recv() to collect step results first, or retry once they are done."
+                "Collect their results with recv() (or recv_nowait()) first."
             )
 
     def _resolve_env_ids(self, env_ids: Any) -> tuple[list[int], Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 
@@ -46,9 +48,52 @@ def backend(request) -> str:
     return request.param
 
 
+def open_descriptors() -> set[str]:
+    """This process's open file descriptors, with what each points to."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (e.g. the listing's own descriptor)
+            continue
+        # A mapping's own copy of its memfd lives as long as numpy views of it do (a
+        # caller may keep zero-copy observations): not a leak, freed with the views.
+        if not target.startswith("/memfd:aiovec"):
+            found.add(f"{fd} -> {target}")
+    return found
+
+
+def _leftovers(before: dict[str, set]) -> dict[str, set]:
+    now = {
+        "/dev/shm segments": shm_entries(),
+        "descriptors": open_descriptors(),
+        "threads": {thread.name for thread in threading.enumerate()},
+        "child processes": worker_processes(),
+    }
+    return {kind: now[kind] - before[kind] for kind in now if now[kind] - before[kind]}
+
+
 @pytest.fixture
 def no_leaks():
-    """Fails the test if it leaves a /dev/shm segment behind."""
-    before = shm_entries()
+    """Fails the test if it leaves behind a /dev/shm segment, an open descriptor, a
+    thread or a child process (the zygote, one per test process, excepted)."""
+    import asyncio
+    import gc
+
+    import aiovec
+    from aiovec import _zygote
+
+    _zygote.shared()  # started once per process, by design: not a leak
+    aiovec.run(asyncio.sleep(0))  # the loop library's once-per-process set-up (a pipe)
+    before = {
+        "/dev/shm segments": shm_entries(),
+        "descriptors": open_descriptors(),
+        "threads": {thread.name for thread in threading.enumerate()},
+        "child processes": worker_processes(),
+    }
     yield
-    assert shm_entries() - before == set()
+    deadline = time.monotonic() + 5  # processes being reaped, threads ending
+    while (leftovers := _leftovers(before)) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert leftovers == {}

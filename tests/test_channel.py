@@ -75,3 +75,36 @@ async def test_large_frames_both_ways_at_once_do_not_deadlock(concurrent_envs):
         venv.set_attr("payload", b"t" * BIG)  # the synchronous path too
         batch = await asyncio.wait_for(venv.recv(min_envs=2), 30)
         assert len(batch.infos["blob"][1]) == BIG
+
+
+@pytest.mark.timeout(60)
+async def test_a_large_frame_to_a_worker_that_does_not_read_never_blocks_the_agent():
+    """A 4 MB set_attr to a worker whose env is busy for a while: the agent's loop keeps
+    running (other tasks, and the step timeout that kills the hung worker)."""
+    import asyncio
+    from functools import partial
+
+    import aiovec
+    from tests.envs import CounterEnv
+
+    beats = 0
+
+    async def heartbeat() -> None:
+        nonlocal beats
+        while True:
+            beats += 1
+            await asyncio.sleep(0.01)
+
+    env_fns = [partial(CounterEnv, 0, delay=2.0)]
+    async with aiovec.VecEnv(env_fns, backend="process") as venv:
+        await venv.areset()
+        beating = asyncio.ensure_future(heartbeat())
+        venv.send([0])
+        await asyncio.sleep(0.05)
+        setting = asyncio.ensure_future(venv.aset_attr("payload", b"x" * BIG))
+        await asyncio.sleep(0.5)
+        assert beats >= 10  # the loop was not blocked by the send
+        await asyncio.wait_for(setting, 30)
+        assert (await asyncio.wait_for(venv.recv(), 30)).env_ids.tolist() == [0]
+        assert await venv.acall("payload") == (b"x" * BIG,)
+        beating.cancel()

@@ -267,3 +267,34 @@ def test_workers_die_with_the_agent_while_an_env_is_hung(tmp_path, parent_signal
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_the_leak_check_sees_descriptors_threads_and_processes():
+    """The no_leaks fixture can fail: it sees what a test leaves behind."""
+    import subprocess
+
+    from tests.conftest import _leftovers, open_descriptors, shm_entries, worker_processes
+
+    before = {
+        "/dev/shm segments": shm_entries(),
+        "descriptors": open_descriptors(),
+        "threads": {thread.name for thread in threading.enumerate()},
+        "child processes": worker_processes(),
+    }
+    read_end, write_end = os.pipe()
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, name="left-behind")
+    thread.start()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        leftovers = _leftovers(before)
+        assert {"descriptors", "threads", "child processes"} <= set(leftovers)
+        assert "left-behind" in leftovers["threads"]
+        assert child.pid in leftovers["child processes"]
+    finally:
+        release.set()
+        thread.join()
+        child.kill()
+        child.wait()
+        os.close(read_end)
+        os.close(write_end)

@@ -148,6 +148,7 @@ class ProcessBackend(Backend):
         self._step_timeout = step_timeout
         self._concurrent_envs = concurrent_envs
         self._owner_pid = os.getpid()  # a forked child must not stop our workers
+        self._unsent: set[int] = set()  # workers whose socket has bytes waiting for room
         self._async_workers: set[int] = set()  # workers of async envs (they time envs out)
         self._startup_timeout = startup_timeout
         # Restarted workers that have not said hello yet: (deadline, commands waiting).
@@ -335,10 +336,10 @@ class ProcessBackend(Backend):
         try:
             connection.send_fd(self._region.fd)
             connection.send(self._layout)
-            for payload in waiting:
-                connection.send(payload)
         except OSError:  # it died just now: reported through the sentinel
-            pass
+            return
+        for payload in waiting:
+            self._send_soon(worker, payload)
         self._ready_since[worker] = time.monotonic()
 
     def _expire_starts(self) -> float | None:
@@ -380,14 +381,37 @@ class ProcessBackend(Backend):
         if starting is not None:  # sent once the new worker has said hello
             starting[1].append(command)
             return
-        connection = self._connections[worker]
+        self._send_soon(worker, command)
+
+    def _send_soon(self, worker: int, frame: bytes) -> None:
+        """Send without blocking: a worker that does not read now (its env is busy)
+        gets the rest when its socket has room; the agent never waits on it."""
         try:
-            connection.send(command)
+            if self._connections[worker].send_soon(frame):
+                return
         except OSError:  # it died just now; its exit is reported through the sentinel
-            pass
-        if connection.buffered:  # replies read while the command waited for room
-            self._drain(worker, connection)
-            self._wakeup.wake()
+            return
+        if worker not in self._unsent:
+            self._unsent.add(worker)
+            self._poller = None  # rebuilt watching for room too
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.add_writer(self._connections[worker].fileno(), self._flush, worker)
+
+    def _flush(self, worker: int) -> None:
+        """The socket of ``worker`` has room: send what waits."""
+        try:
+            done = self._connections[worker].flush()
+        except OSError:  # gone: reported through the sentinel
+            done = True
+        if done:
+            self._stop_flushing(worker)
+
+    def _stop_flushing(self, worker: int) -> None:
+        if worker in self._unsent:
+            self._unsent.discard(worker)
+            self._poller = None
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_writer(self._connections[worker].fileno())
 
     def interrupt(self) -> None:
         self._wakeup.wake()
@@ -416,14 +440,17 @@ class ProcessBackend(Backend):
                 self._poller = select.poll()
                 for worker in range(len(self._processes)):
                     if worker not in self._dead:
-                        self._poller.register(self._connections[worker].fileno(), select.POLLIN)
+                        events = select.POLLIN | (select.POLLOUT if worker in self._unsent else 0)
+                        self._poller.register(self._connections[worker].fileno(), events)
                         self._poller.register(self._processes[worker].sentinel, select.POLLIN)
             events = self._spin_poll() if self.spin else []
             if not events:
                 events = self._poller.poll(None if timeout is None else timeout * 1000)
-            for fd, _ in events:
+            for fd, mask in events:
                 worker = self._worker_of_fd[fd]
                 if worker not in self._dead:
+                    if mask & select.POLLOUT:
+                        self._flush(worker)
                     self._drain(worker, self._connections[worker])
                     if fd == self._processes[worker].sentinel:
                         self._on_exit(worker)
@@ -457,6 +484,7 @@ class ProcessBackend(Backend):
             return
         self._dead.add(worker)
         self._poller = None  # rebuilt without this worker's descriptors
+        self._stop_flushing(worker)
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._connections[worker].fileno())
             self._loop.remove_reader(self._processes[worker].sentinel)
@@ -479,6 +507,8 @@ class ProcessBackend(Backend):
     def _watch(self, loop: asyncio.AbstractEventLoop, worker: int) -> None:
         loop.add_reader(self._connections[worker].fileno(), self._on_readable, worker)
         loop.add_reader(self._processes[worker].sentinel, self._on_exit, worker)
+        if worker in self._unsent:
+            loop.add_writer(self._connections[worker].fileno(), self._flush, worker)
 
     def _unbind(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -486,6 +516,7 @@ class ProcessBackend(Backend):
                 if worker not in self._dead:
                     self._loop.remove_reader(connection.fileno())
                     self._loop.remove_reader(process.sentinel)
+                    self._loop.remove_writer(connection.fileno())
         self._loop = None
 
     # --- shutdown -------------------------------------------------------------------------
