@@ -82,8 +82,13 @@ class VecEnv(VectorEnv):
             that the next step overwrites (``False``; applies to whole-batch results).
         autoreset_mode: Gymnasium's autoreset mode (``NEXT_STEP``, ``SAME_STEP`` or
             ``DISABLED``), as the enum or its string value.
-        context: multiprocessing start method; default ``"forkserver"`` where
-            available, else ``"spawn"``.
+        context: how worker processes start. Default (``None`` or ``"zygote"``, on
+            Linux): forked by aiovec's zygote, a fresh interpreter that has imported
+            numpy, gymnasium and aiovec and never imports your ``__main__`` (no
+            ``if __name__ == "__main__":`` guard needed; ``python -c``, stdin and
+            notebooks work; workers die with the agent). ``"spawn"``,
+            ``"forkserver"`` or ``"fork"`` use multiprocessing's start methods instead
+            (the first two import the main module in every worker).
         close_timeout: seconds :meth:`close` waits for workers before killing them.
         inline_envs: process backend only: how many envs (the last ones) this process
             steps itself while the workers step the rest. On few cores this hides a

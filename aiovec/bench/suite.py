@@ -123,7 +123,7 @@ class MemoryResult:
 def run_memory(num_envs: int = 64, progress: Progress = print) -> list[MemoryResult]:
     """Proportional memory of ``num_envs`` CartPole envs (all processes) per library."""
     env_fn = partial(gym.make, "CartPole-v1")
-    # Start the forkserver first, so no contender is charged for it.
+    # Start aiovec's zygote first, so no contender is charged for it.
     aiovec.VecEnv([env_fn], backend="process").close()
     results = []
     for contender in lockstep_contenders(env_fn, num_envs, env_id="CartPole-v1"):
