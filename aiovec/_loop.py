@@ -41,9 +41,7 @@ def check_blocking_call(method: str, async_method: str, *, deadlocks: bool = Fal
     runs inside a loop. ``deadlocks``: the call needs this very loop (async envs on the
     coroutine backend), so it is refused with :class:`aiovec.SyncCallInEventLoopError`."""
     global _warned_about_blocking
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    if asyncio._get_running_loop() is None:  # the common case, without raising
         return
     if deadlocks:
         raise SyncCallInEventLoopError(
