@@ -23,6 +23,7 @@ Lifetime guarantees:
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import pickle
 import select
@@ -139,7 +140,10 @@ class Zygote:
         """Fork ``target(sock, *args, **kwargs)`` from the zygote; its process handle."""
         # Unpickled in the worker only (after sys.path is set), never in the zygote.
         blob = cloudpickle.dumps((target, args, kwargs or {}, self._custom_specs()))
-        state = (list(sys.path), os.getcwd(), dict(os.environ), blob)
+        # multiprocessing's authkey too: proxies of a Manager (a shared Value, Barrier)
+        # captured by a factory must connect to it from the worker.
+        authkey = bytes(multiprocessing.current_process().authkey)
+        state = (list(sys.path), os.getcwd(), dict(os.environ), authkey, blob)
         pid, (pidfd,) = self._request(("spawn", state), [sock.fileno()])
         return ZygoteProcess(self, pid, pidfd)
 
@@ -378,10 +382,11 @@ def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, 
         agent.close()
         for descriptor in wake_fds:
             os.close(descriptor)
-        sys_path, cwd, environ, blob = spec
+        sys_path, cwd, environ, authkey, blob = spec
         sys.path[:] = sys_path
         os.environ.clear()
         os.environ.update(environ)
+        multiprocessing.current_process().authkey = authkey
         try:
             os.chdir(cwd)
         except OSError:

@@ -125,6 +125,10 @@ class VecEnv(VectorEnv):
             the other (``False``). Default ``None``: a worker of several envs measures
             its first steps and goes concurrent when they mostly wait (sleep, IO).
             CPU-bound envs gain nothing from threads. Async envs are always concurrent.
+        max_concurrency: at most this many envs run a command (step, reset, ...) at
+            the same time, as in ``gymnasium.vector.AsyncVectorEnv``: the process
+            backend then uses that many workers (fewer if ``num_workers`` says so), each
+            stepping its envs one after the other. ``None``: no limit.
         startup_timeout: process backend: seconds a worker may take to build its envs
             (at construction, and when it is rebuilt under ``on_failure="restart"``);
             past that it is killed and :class:`aiovec.StartupTimeoutError` names the
@@ -149,6 +153,7 @@ class VecEnv(VectorEnv):
 
     #: True until construction succeeds, so close() and __del__ of a half-built env do nothing.
     closed: bool = True
+    _pending_dropped_quietly = False
 
     def __init__(
         self,
@@ -169,6 +174,7 @@ class VecEnv(VectorEnv):
         concurrent_envs: bool | None = None,
         startup_timeout: float | None = 300.0,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
+        max_concurrency: int | None = None,
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
         env_fns = list(env_fns)
@@ -180,6 +186,29 @@ class VecEnv(VectorEnv):
                     f"env_fns[{index}] is {env_fn!r}, not a callable; pass factories such as "
                     "`lambda: gymnasium.make('CartPole-v1')` or use aiovec.make()"
                 )
+        if max_concurrency is not None:
+            if isinstance(max_concurrency, bool) or not isinstance(
+                max_concurrency, (int, np.integer)
+            ):
+                raise ValueError(
+                    f"`max_concurrency` must be an integer or None, got {type(max_concurrency)}."
+                )
+            if max_concurrency < 1:
+                raise ValueError(
+                    f"`max_concurrency` must be a positive or None, got {max_concurrency}."
+                )
+            if backend not in ("auto", "process", "inline"):
+                raise ValueError(
+                    "max_concurrency needs backend='process' (or 'inline', which steps one "
+                    f"env at a time anyway), got backend={backend!r}"
+                )
+            if backend == "auto":
+                backend = "process"
+            if backend == "process":  # one env at a time per worker: at most that many
+                limit = min(int(max_concurrency), len(env_fns))
+                num_workers = limit if num_workers is None else min(num_workers, limit)
+                concurrent_envs, inline_envs = False, 0
+        self.max_concurrency = max_concurrency
         if backend == "auto":
             # With restarts or step timeouts asked for, every env stays out of this process.
             isolate = on_failure == "restart" or step_timeout is not None
@@ -772,9 +801,9 @@ class VecEnv(VectorEnv):
         killing them) and release shared memory. Idempotent."""
         if terminate:
             timeout = 0
-        if self._pending is not None and not terminate:
+        if self._pending is not None and not self._pending_dropped_quietly:
             logger.warn(
-                f"Calling close while waiting for a pending call to `{self._pending[0]}` "
+                f"Calling `close` while waiting for a pending call to `{self._pending[0]}` "
                 "to complete."
             )
         self._pending = None
@@ -818,6 +847,7 @@ class VecEnv(VectorEnv):
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True):
+            self._pending_dropped_quietly = True  # nobody to warn at garbage collection
             self.close(terminate=True)
 
     def __repr__(self) -> str:

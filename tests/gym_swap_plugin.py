@@ -51,9 +51,7 @@ i.e. the process backend, as a user replacing AsyncVectorEnv by ``aiovec.VecEnv(
 - ``worker`` -> not supported: a custom worker function runs Gymnasium's pipe protocol,
   which aiovec does not speak. Anything but ``None`` raises :class:`UnmappedArgument`
   (a deliberate difference).
-- ``observation_mode`` and ``max_concurrency`` -> not in ``aiovec.VecEnv`` today. Their
-  defaults (``"same"``, ``None``) are aiovec's behaviour and are dropped; any other value
-  raises :class:`UnmappedArgument`, so a test that needs the feature fails visibly.
+- ``observation_mode`` and ``max_concurrency`` -> passed on (``aiovec.VecEnv`` has both).
 
 Any of these arguments that ``aiovec.VecEnv`` does accept (checked on its signature when
 the adapter is called) is passed on unchanged instead, so this plugin keeps up as the

@@ -146,3 +146,65 @@ def test_pending_call_errors_are_gymnasiums(backend):
             venv.reset_async()
         with pytest.warns(UserWarning, match="pending call to `step`"):
             venv.close()
+
+
+# --- max_concurrency, and multiprocessing objects captured by factories ----------------
+
+
+@pytest.mark.parametrize("value", [2.5, "2", 2.0, True])
+def test_max_concurrency_must_be_an_integer(value):
+    import aiovec
+    from tests.envs import CounterEnv
+
+    with pytest.raises(ValueError, match="`max_concurrency` must be an integer or None"):
+        aiovec.VecEnv([CounterEnv] * 2, max_concurrency=value)
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_max_concurrency_must_be_positive(value):
+    import aiovec
+    from tests.envs import CounterEnv
+
+    with pytest.raises(ValueError, match="`max_concurrency` must be a positive or None"):
+        aiovec.VecEnv([CounterEnv] * 2, max_concurrency=value)
+
+
+class _CountingEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
+    """Counts the steps running at once in a Manager's shared values."""
+
+    def __init__(self, env_index, active, peak, lock):
+        super().__init__(env_index)
+        self.active, self.peak, self.lock = active, peak, lock
+
+    def step(self, action):
+        import time
+
+        with self.lock:
+            self.active.value += 1
+            self.peak.value = max(self.peak.value, self.active.value)
+        time.sleep(0.02)
+        with self.lock:
+            self.active.value -= 1
+        return super().step(action)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_max_concurrency_caps_the_envs_running_at_once(limit):
+    """Manager proxies captured by the factories work in the workers (they carry the
+    agent's multiprocessing authkey), and no more than ``limit`` envs step at once."""
+    import multiprocessing
+    from functools import partial
+
+    import numpy as np
+
+    import aiovec
+
+    with multiprocessing.Manager() as manager:
+        active, peak, lock = manager.Value("i", 0), manager.Value("i", 0), manager.Lock()
+        env_fns = [partial(_CountingEnv, i, active, peak, lock) for i in range(4)]
+        with aiovec.VecEnv(env_fns, max_concurrency=limit) as venv:
+            venv.reset()
+            for _ in range(3):
+                venv.step(np.zeros(4, dtype=np.int64))
+            assert venv.num_workers == limit
+        assert 1 <= peak.value <= limit
