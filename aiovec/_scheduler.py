@@ -127,6 +127,8 @@ class Scheduler:
         self._pumping = False
         self._parked: set[asyncio.Future] = set()
         self._async_thread: int | None = None  # the thread whose tasks wait here
+        self._sync_lock = threading.Lock()  # held during a blocking call
+        self._sync_thread: int | None = None
 
     # --- sending ------------------------------------------------------------------------
 
@@ -273,6 +275,11 @@ class Scheduler:
 
     def _check_thread(self) -> None:
         thread = threading.get_ident()
+        if self._sync_thread is not None and self._sync_thread != thread:
+            raise RuntimeError(
+                "this vector env is in a blocking call in another thread; a vector env "
+                "belongs to one thread at a time: hand work between threads with a queue"
+            )
         if self._async_thread is None or not (self._pumping or self._parked):
             self._async_thread = thread
         elif thread != self._async_thread:
@@ -281,6 +288,22 @@ class Scheduler:
                 "to one thread (or event loop) at a time: hand results between threads "
                 "with a queue instead"
             )
+
+    def enter_sync(self) -> None:
+        """Start a blocking call (waits block, see :attr:`blocking`); one thread at a time."""
+        if not self._sync_lock.acquire(blocking=False):
+            raise RuntimeError(
+                "this vector env is in a blocking call in another thread (or this call "
+                "was made from inside one); a vector env belongs to one thread at a time: "
+                "hand work between threads with a queue instead"
+            )
+        self._sync_thread = threading.get_ident()
+        self.blocking = True
+
+    def exit_sync(self) -> None:
+        self.blocking = False
+        self._sync_thread = None
+        self._sync_lock.release()
 
     def check_sync_call(self) -> None:
         """Refuse a blocking call from a thread other than the one whose tasks wait here."""

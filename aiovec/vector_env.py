@@ -783,7 +783,11 @@ class VecEnv(VectorEnv):
         minus the cost of a loop turn per call.
         """
         scheduler = self._scheduler
-        scheduler.blocking = True
+        try:
+            scheduler.enter_sync()
+        except BaseException:
+            coroutine.close()
+            raise
         try:
             coroutine.send(None)
         except StopIteration as finished:
@@ -792,7 +796,7 @@ class VecEnv(VectorEnv):
             self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
             raise
         finally:
-            scheduler.blocking = False
+            scheduler.exit_sync()
         coroutine.close()
         raise AssertionError("a coroutine suspended in blocking mode")
 

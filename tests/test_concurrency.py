@@ -160,3 +160,29 @@ async def test_a_blocking_call_from_another_thread_is_refused_while_tasks_wait()
         assert errors and "another thread" in str(errors[0])
         batch = await asyncio.wait_for(waiter, BOUND)
         assert sorted(batch.env_ids.tolist()) == [0, 1]
+
+
+def test_blocking_calls_from_two_threads_at_once_are_refused():
+    """Two threads stepping one vector env at once: one of them gets a clear
+    RuntimeError at once, the other its results; nothing hangs or is lost."""
+    with aiovec.VecEnv(counter_envs(2, delay=0.3), backend="process") as venv:
+        venv.reset()
+        outcomes: list[object] = []
+
+        def stepping() -> None:
+            try:
+                outcomes.append(venv.step([0, 0])[0][:, 1].tolist())
+            except RuntimeError as error:
+                outcomes.append(error)
+
+        threads = [threading.Thread(target=stepping) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join(BOUND)
+        errors = [o for o in outcomes if isinstance(o, RuntimeError)]
+        assert len(outcomes) == 2 and len(errors) == 1
+        assert "another thread" in str(errors[0])
+        assert [o for o in outcomes if not isinstance(o, RuntimeError)] == [[1, 1]]
+        assert venv.step([0, 0])[0][:, 1].tolist() == [2, 2]
