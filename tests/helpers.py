@@ -73,6 +73,24 @@ async def assert_cancelled_recv_loses_nothing(venv: aiovec.VecEnv) -> None:
     assert sorted(batch.env_ids.tolist()) == [0, 1]
 
 
+class Heartbeat:
+    """A task that counts its turns on the running loop: a count that stays low means
+    something blocked the loop or starved its other tasks."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.beats = 0
+        self._interval = interval
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self.beats += 1
+            await asyncio.sleep(self._interval)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
 def start_agent(tmp_path: Path, source: str) -> tuple[subprocess.Popen, list[int]]:
     """Run ``source`` as a script that prints its worker pids on its first line; return
     the process and those pids."""

@@ -86,25 +86,18 @@ async def test_a_large_frame_to_a_worker_that_does_not_read_never_blocks_the_age
 
     import aiovec
     from tests.envs import CounterEnv
-
-    beats = 0
-
-    async def heartbeat() -> None:
-        nonlocal beats
-        while True:
-            beats += 1
-            await asyncio.sleep(0.01)
+    from tests.helpers import Heartbeat
 
     env_fns = [partial(CounterEnv, 0, delay=2.0)]
     async with aiovec.VecEnv(env_fns, backend="process") as venv:
         await venv.areset()
-        beating = asyncio.ensure_future(heartbeat())
+        heartbeat = Heartbeat(0.01)
         venv.send([0])
         await asyncio.sleep(0.05)
         setting = asyncio.ensure_future(venv.aset_attr("payload", b"x" * BIG))
         await asyncio.sleep(0.5)
-        assert beats >= 10  # the loop was not blocked by the send
+        assert heartbeat.beats >= 10  # the loop was not blocked by the send
         await asyncio.wait_for(setting, 30)
         assert (await asyncio.wait_for(venv.recv(), 30)).env_ids.tolist() == [0]
         assert await venv.acall("payload") == (b"x" * BIG,)
-        beating.cancel()
+        heartbeat.stop()

@@ -12,6 +12,7 @@ import pytest
 
 import aiovec
 from tests.envs import CounterEnv
+from tests.helpers import Heartbeat
 
 BOUND = 20  # seconds: any wait longer than this is a hang
 
@@ -119,25 +120,17 @@ async def test_recv_after_a_cancelled_reset_does_not_hang(backend):
 async def test_every_await_gives_other_tasks_a_turn(backend):
     """A first-ready loop on fast envs (inline: results are ready at once) must not
     starve a heartbeat task."""
-    beats = 0
-
-    async def heartbeat() -> None:
-        nonlocal beats
-        while True:
-            beats += 1
-            await asyncio.sleep(0)
-
     async with aiovec.VecEnv(counter_envs(2), backend=backend) as venv:
         await venv.areset()
-        beating = asyncio.ensure_future(heartbeat())
+        heartbeat = Heartbeat(0)
         venv.send([0, 0])
         deadline = time.monotonic() + 0.3
         while time.monotonic() < deadline:
             batch = await venv.recv()
             venv.send(np.zeros(len(batch.env_ids), dtype=np.int64), batch.env_ids)
         await venv.recv(min_envs=2)
-        beating.cancel()
-    assert beats > 10
+        heartbeat.stop()
+    assert heartbeat.beats > 10
 
 
 async def test_a_blocking_call_from_another_thread_is_refused_while_tasks_wait():

@@ -13,6 +13,7 @@ import aiovec
 from tests.conftest import worker_processes
 from tests.envs import CounterEnv
 from tests.faulty import FlakyFactoryEnv
+from tests.helpers import Heartbeat
 
 BOUND = 30
 
@@ -59,20 +60,12 @@ def test_a_factory_that_raises_while_its_worker_is_rebuilt(tmp_path, policy_rest
 async def test_a_hanging_rebuild_times_out_without_freezing_the_loop(tmp_path):
     ledger = str(tmp_path / "builds")
     env_fns = [partial(CounterEnv, 0), partial(FlakyFactoryEnv, 1, ledger, on_rebuild="hang")]
-    beats = 0
-
-    async def heartbeat() -> None:
-        nonlocal beats
-        while True:
-            beats += 1
-            await asyncio.sleep(0.01)
-
     async with aiovec.VecEnv(
         env_fns, num_workers=2, on_failure="restart", max_restarts=1, startup_timeout=1.0
     ) as venv:
         await venv.areset()
         await venv.astep([0, 0])
-        beating = asyncio.ensure_future(heartbeat())
+        heartbeat = Heartbeat(0.01)
         venv.send([0, 0])
         started = time.monotonic()
         with pytest.raises(aiovec.StartupTimeoutError, match=r"envs \[1\]"):
@@ -80,8 +73,8 @@ async def test_a_hanging_rebuild_times_out_without_freezing_the_loop(tmp_path):
                 batch = await asyncio.wait_for(venv.recv(), BOUND)
                 assert batch.env_ids.tolist() == [0]
         elapsed = time.monotonic() - started
-        beating.cancel()
-        assert beats >= elapsed / 0.01 / 4  # the loop kept running during the rebuild
+        heartbeat.stop()
+        assert heartbeat.beats >= elapsed / 0.01 / 4  # the loop kept running during the rebuild
 
 
 def test_an_env_whose_in_worker_rebuild_fails_is_never_stepped_again(tmp_path, backend):
