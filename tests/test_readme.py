@@ -52,3 +52,37 @@ def test_deliberate_differences_are_in_the_table():
         assert arguments, f"{nodeid}: its reason names no argument to look for"
         for argument in arguments:
             assert f"`{argument}=`" in section, f"{nodeid}: `{argument}=` not in the README table"
+
+
+def test_every_argument_is_documented():
+    """Each keyword of ``aiovec.VecEnv`` and ``aiovec.make`` is named in the README."""
+    import inspect
+
+    import aiovec
+
+    text = _text()
+    names = set(inspect.signature(aiovec.VecEnv.__init__).parameters)
+    names |= set(inspect.signature(aiovec.make).parameters)
+    for name in sorted(names - {"self", "env_fns", "env_id", "num_envs", "options"}):
+        assert re.search(rf"`{name}\b", text), f"`{name}` is not in the README"
+
+
+def test_asyncvectorenv_arguments_are_accepted_or_in_the_table():
+    """An ``AsyncVectorEnv`` argument that ``aiovec.VecEnv`` lacks is in the table, and
+    one the section says is not an argument is indeed none."""
+    import inspect
+
+    import gymnasium
+
+    import aiovec
+
+    section = _section(_text(), "Differences from AsyncVectorEnv")
+    ours = set(inspect.signature(aiovec.VecEnv.__init__).parameters)
+    theirs = set(inspect.signature(gymnasium.vector.AsyncVectorEnv.__init__).parameters)
+    for name in sorted(theirs - ours):
+        assert f"| `{name}=` |" in section, f"`{name}=` (not accepted) is not in the table"
+    refused = re.findall(r"^\| `(\w+)=` \|[^|]*\| not an argument", section, flags=re.M)
+    refused += re.findall(r"`(\w+)=` is not an argument", section)
+    assert refused
+    for name in refused:
+        assert name not in ours, f"the README says `{name}=` is not an argument, but it is"
