@@ -289,7 +289,6 @@ class VecEnv(VectorEnv):
         self.restart_counts = np.zeros(self.num_envs, dtype=np.int64)
         self._check_actions = batch_checker(self.single_action_space)
         self._observations_shared = is_shareable(self.single_observation_space)
-        self._actions_shared = is_shareable(self.single_action_space)
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)  # for DISABLED mode
         self.closed = False
 
