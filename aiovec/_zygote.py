@@ -23,6 +23,7 @@ Lifetime guarantees:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -159,7 +160,14 @@ class Zygote:
         import gymnasium
 
         specs = []
+        main = sys.modules.get("__main__")
         for env_id, spec in gymnasium.registry.items():
+            entry_point = spec.entry_point
+            if isinstance(entry_point, str) and entry_point.startswith("__main__:"):
+                # Workers never import the agent's __main__: send what it names instead.
+                target = getattr(main, entry_point.partition(":")[2], None)
+                if target is not None:
+                    spec = dataclasses.replace(spec, entry_point=target)
             if self._registry.get(env_id) != spec:  # new, or registered again differently
                 try:
                     cloudpickle.dumps(spec)

@@ -917,8 +917,8 @@ def _seeds(seed: Any, num_envs: int) -> list[int | None]:
     if seed is None:
         return [None] * num_envs
     if _is_int(seed):
-        if seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if not 0 <= seed < 2**64 - num_envs:
+            raise ValueError(f"seed must be a non-negative int below 2**64, got {seed!r}")
         return [int(seed) + i for i in range(num_envs)]
     if isinstance(seed, (str, bytes, dict)) or not hasattr(seed, "__len__"):
         raise TypeError(
@@ -932,9 +932,10 @@ def _seeds(seed: Any, num_envs: int) -> list[int | None]:
             f"but got length={len(seeds)}."
         )
     for index, item in enumerate(seeds):
-        if item is not None and not (_is_int(item) and item >= 0):
+        if item is not None and not (_is_int(item) and 0 <= item < 2**64):
             raise TypeError(
-                f"seed[{index}] is {item!r}: each seed must be None or a non-negative int"
+                f"seed[{index}] is {item!r}: each seed must be None or a non-negative int "
+                "below 2**64"
             )
     return [None if item is None else int(item) for item in seeds]
 

@@ -30,6 +30,7 @@ UNGUARDED = textwrap.dedent(
             return np.array([self.x], dtype=np.float32), 1.0, abs(self.x) >= 5, False, {}
 
     gym.register("MainModuleWalker-v0", entry_point=Walker)
+    gym.register("MainModuleWalkerByName-v0", entry_point="__main__:Walker")
 
     venv = aiovec.make("CartPole-v1", 64)  # auto: probes, then may start workers
     venv.reset(seed=0)
@@ -39,6 +40,9 @@ UNGUARDED = textwrap.dedent(
         venv.reset(seed=0)
         observations, *_ = venv.step(np.ones(4, dtype=np.int64))
         print("walker", observations[:, 0].tolist())
+    with aiovec.make("MainModuleWalkerByName-v0", 2, backend="process") as venv:
+        venv.reset(seed=0)
+        print("by name", venv.step(np.ones(2, dtype=np.int64))[0][:, 0].tolist())
     with aiovec.VecEnv([lambda: Walker() for _ in range(3)], num_workers=3) as venv:
         venv.reset()
         print("factories", venv.step(np.zeros(3, dtype=np.int64))[0][:, 0].tolist())
@@ -71,6 +75,7 @@ def test_unguarded_script_starts_workers(tmp_path, how):
     assert result.returncode == 0, result.stderr
     assert "walker [1.0, 1.0, 1.0, 1.0]" in result.stdout
     assert "factories [-1.0, -1.0, -1.0]" in result.stdout
+    assert "by name [1.0, 1.0]" in result.stdout
 
 
 def test_stdin_with_spawn_context_gets_a_clear_error(tmp_path):

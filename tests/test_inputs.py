@@ -32,7 +32,19 @@ def test_numpy_integer_seeds_are_seeds(backend):
 
 
 @pytest.mark.parametrize(
-    "seed", [1.5, "7", [0, 1, 2.0, 3], [0, 1, "2", 3], [0, -1, 2, 3], -5, {"a": 1}, True]
+    "seed",
+    [
+        1.5,
+        "7",
+        [0, 1, 2.0, 3],
+        [0, 1, "2", 3],
+        [0, -1, 2, 3],
+        -5,
+        {"a": 1},
+        True,
+        2**64,
+        [0, 2**70, 1, 2],
+    ],
 )
 def test_bad_seeds_are_refused_before_anything_is_sent(backend, seed):
     kwargs = {"num_workers": 2} if backend == "process" else {}
