@@ -37,6 +37,34 @@ def is_shareable(space: spaces.Space) -> bool:
     return False
 
 
+_GYMNASIUM_SHARED_SPACES = (*_ARRAY_SPACES, spaces.Text, spaces.OneOf)
+
+
+def check_gymnasium_shareable(space: spaces.Space) -> None:
+    """Refuse, as ``AsyncVectorEnv(shared_memory=True)`` does, an observation space
+    that Gymnasium cannot place in shared memory: ``TypeError`` for a Graph or Sequence
+    anywhere in it (dynamic shapes), ``ValueError`` for a custom space."""
+    if isinstance(space, spaces.Dict):
+        for sub in space.spaces.values():
+            check_gymnasium_shareable(sub)
+    elif isinstance(space, spaces.Tuple):
+        for sub in space.spaces:
+            check_gymnasium_shareable(sub)
+    elif isinstance(space, (spaces.Graph, spaces.Sequence)):
+        raise TypeError(
+            # Gymnasium's wording (code may match it), then the fix.
+            f"shared_memory=True: {space} has a dynamic shape so its not possible to make a "
+            "static shared memory. Pass shared_memory=False (or leave it out: aiovec then "
+            "shares what it can and sends the rest by value)"
+        )
+    elif not isinstance(space, _GYMNASIUM_SHARED_SPACES):
+        raise ValueError(
+            f"shared_memory=True: the custom space {space!r} cannot live in shared memory; "
+            "pass shared_memory=False (or leave it out: aiovec then shares what it can and "
+            "sends the rest by value)"
+        )
+
+
 def allocate(space: spaces.Space, num_envs: int, allocator: Any) -> Any:
     """A buffer with ``num_envs`` rows for a shareable ``space``, from ``allocator``."""
     return create_empty_array(space, n=num_envs, fn=allocator)

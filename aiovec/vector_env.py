@@ -7,6 +7,7 @@ same coroutines with waits that block in the kernel instead of awaiting a loop.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -24,6 +25,7 @@ from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
 from aiovec._spaces import (
     batch_checker,
     batch_values,
+    check_gymnasium_shareable,
     check_observation_mode,
     copy_buffer,
     is_shareable,
@@ -43,6 +45,30 @@ from aiovec.errors import (
 )
 
 BACKENDS = ("process", "inline", "coroutine", "ray")
+
+
+def refuse_custom_worker(worker: Callable[..., None]) -> None:
+    """Refuse ``AsyncVectorEnv``'s ``worker=``: aiovec's workers do not run Gymnasium's
+    pipe protocol. A function without Gymnasium's 8 parameters gets Gymnasium's own
+    complaint first, so code that checks for it still sees it."""
+    try:
+        signature = inspect.signature(worker)
+    except (TypeError, ValueError):
+        signature = None
+    fix = (
+        "aiovec's workers do not run Gymnasium's pipe protocol, so custom worker functions "
+        "cannot run in them: leave `worker` out (per-env behaviour belongs in the env or "
+        "a wrapper), or use gymnasium.vector.AsyncVectorEnv for this env"
+    )
+    if signature is not None:
+        try:
+            signature.bind(*(None,) * 8)
+        except TypeError as exc:
+            raise ValueError(
+                f"A custom `worker` must accept 8 arguments. Got the signature {signature}; "
+                f"besides, {fix}"
+            ) from exc
+    raise ValueError(f"worker={worker!r}: {fix}")
 
 
 class Batch(NamedTuple):
@@ -141,6 +167,13 @@ class VecEnv(VectorEnv):
             them) or a ``(observation_space, single_observation_space)`` tuple of your
             own, whose single space the envs' spaces must match in shape and dtype.
             ``single_observation_space`` is env 0's in the first two.
+        shared_memory: accepted for ``AsyncVectorEnv`` code. aiovec always keeps
+            observations in shared memory where the space allows and sends the rest by
+            value, so the results are the same either way; ``True`` also refuses, as
+            Gymnasium does, an observation space Gymnasium could not share (a custom
+            space: ``ValueError``; Graph/Sequence: ``TypeError``).
+        worker: ``AsyncVectorEnv``'s custom worker function: refused with a
+            ``ValueError`` (aiovec's workers do not run Gymnasium's pipe protocol).
 
     Raises:
         aiovec.EnvError: an env factory raised (names the env index).
@@ -148,7 +181,8 @@ class VecEnv(VectorEnv):
         RuntimeError: the envs' observation spaces do not fit ``observation_mode``, or
             their action spaces differ.
         ValueError / TypeError: an invalid ``observation_mode``, or (``"different"``)
-            spaces that ``batch_differing_spaces`` cannot batch.
+            spaces that ``batch_differing_spaces`` cannot batch; ``worker=``; a space
+            ``shared_memory=True`` cannot share.
     """
 
     #: True until construction succeeds, so close() and __del__ of a half-built env do nothing.
@@ -175,8 +209,12 @@ class VecEnv(VectorEnv):
         startup_timeout: float | None = 300.0,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         max_concurrency: int | None = None,
+        shared_memory: bool | None = None,
+        worker: Callable[..., None] | None = None,
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
+        if worker is not None:
+            refuse_custom_worker(worker)
         env_fns = list(env_fns)
         if not env_fns:
             raise ValueError("env_fns is empty: a vector env needs at least one env factory")
@@ -271,6 +309,8 @@ class VecEnv(VectorEnv):
         self.inline_envs = {"process": inline_envs, "ray": 0}.get(backend, self.num_envs)
         try:
             self._set_spaces(self._backend.descriptions)
+            if shared_memory:
+                check_gymnasium_shareable(self.single_observation_space)
             self._buffers = self._backend.attach(
                 self.single_observation_space, self.single_action_space
             )

@@ -213,3 +213,95 @@ def test_max_concurrency_caps_the_envs_running_at_once(limit):
                 venv.step(np.zeros(4, dtype=np.int64))
             assert venv.num_workers == limit
         assert 1 <= peak.value <= limit
+
+
+# --- AsyncVectorEnv's shared_memory= and worker= -----------------------------------------
+
+
+class _EvenNumbers(__import__("gymnasium").spaces.Space):
+    """A custom space: Gymnasium cannot lay it out in shared memory."""
+
+    def __init__(self):
+        super().__init__(shape=(), dtype=None)
+
+    def sample(self, mask=None, probability=None):
+        return 2 * int(self.np_random.integers(10))
+
+    def contains(self, x):
+        return isinstance(x, int) and x % 2 == 0
+
+    def __eq__(self, other):
+        return isinstance(other, _EvenNumbers)
+
+
+def _custom_space_env():
+    from tests.envs import SpacesEnv
+
+    return SpacesEnv(observation_space=_EvenNumbers())
+
+
+@pytest.mark.parametrize("shared_memory", [None, False])
+def test_shared_memory_false_or_absent_sends_custom_spaces_by_value(shared_memory):
+    import aiovec
+
+    with aiovec.VecEnv([_custom_space_env] * 2, shared_memory=shared_memory) as venv:
+        observations, _ = venv.reset(seed=0)
+        assert all(venv.single_observation_space.contains(obs) for obs in observations)
+
+
+def test_shared_memory_true_refuses_a_custom_space_as_gymnasium_does(no_leaks):
+    import aiovec
+
+    with pytest.raises(ValueError, match="shared_memory=False"):
+        aiovec.VecEnv([_custom_space_env] * 2, shared_memory=True)
+
+
+def test_shared_memory_true_refuses_dynamic_shapes_as_gymnasium_does():
+    import gymnasium as gym
+
+    import aiovec
+    from tests.envs import SpacesEnv
+
+    space = gym.spaces.Dict({"items": gym.spaces.Sequence(gym.spaces.Discrete(3))})
+    with pytest.raises(TypeError, match="dynamic shape"):
+        aiovec.VecEnv([lambda: SpacesEnv(observation_space=space)] * 2, shared_memory=True)
+
+
+def test_shared_memory_true_accepts_what_gymnasium_shares():
+    import gymnasium as gym
+
+    import aiovec
+    from tests.envs import SpacesEnv
+
+    space = gym.spaces.Tuple([gym.spaces.Box(0, 1, (2,)), gym.spaces.Text(4)])
+    with aiovec.VecEnv(
+        [lambda: SpacesEnv(observation_space=space)] * 2, shared_memory=True
+    ) as venv:
+        observations, _ = venv.reset(seed=0)
+        assert venv.observation_space.contains(observations)
+
+
+def _seven_argument_worker(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, mode):
+    pass
+
+
+def _eight_argument_worker(
+    index, env_fn, pipe, parent_pipe, shared_memory, error_queue, mode, semaphore
+):
+    pass
+
+
+def test_custom_worker_with_a_wrong_signature_gets_gymnasiums_error():
+    import aiovec
+    from tests.envs import CounterEnv
+
+    with pytest.raises(ValueError, match="A custom `worker` must accept 8 arguments"):
+        aiovec.VecEnv([CounterEnv] * 2, worker=_seven_argument_worker)
+
+
+def test_custom_worker_is_refused_before_any_worker_starts(no_leaks):
+    import aiovec
+    from tests.envs import CounterEnv
+
+    with pytest.raises(ValueError, match="do not run Gymnasium's pipe protocol"):
+        aiovec.VecEnv([CounterEnv] * 2, worker=_eight_argument_worker)

