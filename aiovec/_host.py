@@ -15,6 +15,7 @@ from operator import methodcaller
 from typing import Any, NamedTuple
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from aiovec._buffers import Buffers
@@ -124,13 +125,7 @@ class EnvHost:
     def execute(self, command: Command) -> Reply:
         """Run ``command`` on each of its envs and describe the outcome."""
         if type(command) is Step:
-            return self.step_reply(
-                command.seq,
-                [
-                    self.step(env_id, self.action_of(command, position))
-                    for position, env_id in enumerate(command.env_ids)
-                ],
-            )
+            return self.step_all(command)
         results: list[Any] = [None] * len(command.env_ids)
         errors: list[ErrorInfo] = []
         for position, env_id in enumerate(command.env_ids):
@@ -153,6 +148,89 @@ class EnvHost:
             except Exception as exc:
                 errors.append(error_info(env_id, operation, exc))
         return self._reply(command, results, errors)
+
+    def step_all(self, command: Step) -> Reply:
+        """Step every env of ``command`` one after the other: :meth:`step` for each, with
+        the common case (a plain step whose results fit the buffers) written out here,
+        as it is the cost every lockstep env-step pays."""
+        env_ids = command.env_ids
+        actions = command.actions
+        if actions is None:
+            actions = self._read_actions(env_ids)
+        envs, buffers, needs_reset = self.envs, self.buffers, self._needs_reset
+        rewards, terminations, truncations = (
+            buffers.rewards,
+            buffers.terminations,
+            buffers.truncations,
+        )
+        # Arrays of exactly the buffer's row shape and dtype are stored without further
+        # checks; anything else goes through the checked writer (and its clear errors).
+        write_observation = self._write_observation
+        observation_buffer = buffers.observations
+        if self._observations is None and type(observation_buffer) is np.ndarray:
+            row_shape, row_dtype = observation_buffer.shape[1:], observation_buffer.dtype
+        else:
+            row_shape = row_dtype = None
+        failures = self._failures_in_a_row
+        # Only envs with nothing owed (no restart notice, no NEXT_STEP reset) and, in
+        # SAME_STEP mode, no episode end take the written-out path.
+        notices = self._restart_notices
+        next_step, same_step = self._next_step, self._same_step
+        infos: list[Any] = []
+        errors: list[ErrorInfo] = []
+        progressed = False
+        for env_id, action in zip(env_ids, actions):
+            if not notices and not (next_step and needs_reset[env_id]):
+                try:
+                    result = envs[env_id].step(action)
+                    observation, reward, terminated, truncated, info = result
+                    if same_step and (terminated or truncated):
+                        info = self._drive(env_id, self._stepped_flow(env_id, result))
+                    else:
+                        if (
+                            type(observation) is np.ndarray
+                            and observation.shape == row_shape
+                            and observation.dtype == row_dtype
+                        ):
+                            observation_buffer[env_id] = observation
+                        else:
+                            write_observation(env_id, observation)
+                        rewards[env_id] = reward
+                        terminations[env_id] = terminated
+                        truncations[env_id] = truncated
+                        needs_reset[env_id] = bool(terminated or truncated)
+                        if failures[env_id]:
+                            failures[env_id] = 0
+                except Exception as exc:
+                    outcome = self._recover(env_id, exc)
+                else:
+                    infos.append(info)
+                    progressed = True
+                    continue
+            else:
+                outcome = self.step(env_id, action)
+            infos.append(outcome.info)
+            if outcome.error is not None:
+                errors.append(outcome.error)
+            progressed = progressed or outcome.progressed
+        return Reply(
+            seq=command.seq,
+            env_ids=env_ids,
+            infos=infos if any(infos) else None,
+            observations=self.observations_of(env_ids),
+            errors=errors or None,
+            progressed=progressed,
+        )
+
+    def _read_actions(self, env_ids: list[int]) -> list[Any]:
+        """The actions of ``env_ids`` from the shared buffer: a private copy for each env
+        (an env may keep its action), numpy scalars for one-number spaces."""
+        buffer = self.buffers.actions
+        if type(buffer) is np.ndarray:
+            if buffer.ndim == 1:
+                return [buffer[env_id] for env_id in env_ids]
+            return list(buffer[env_ids])  # fancy indexing copies: rows own their memory
+        return [read_row(buffer, env_id) for env_id in env_ids]
 
     def action_of(self, command: Step, position: int) -> Any:
         """The action ``command`` carries for the env at ``position``."""

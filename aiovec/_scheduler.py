@@ -427,6 +427,20 @@ class Scheduler:
         """Step results for ``env_ids`` (all or part of ``ticket``) go to the ready-queue."""
         if reply is not None:
             self._record(ticket, reply)
+        self._store_results(env_ids, reply, failure, ticket.errors)
+        self.num_busy -= len(env_ids)
+        self.num_stepping -= len(env_ids)
+        self._mark(ticket.rows if env_ids is ticket.env_ids else env_ids, READY)
+        self.ready_queue.extend(env_ids)
+
+    def _store_results(
+        self,
+        env_ids: list[int],
+        reply: Reply | None,
+        failure: Exception | None,
+        errors: dict[int, Exception],
+    ) -> None:
+        """Keep the infos and errors of step results for ``env_ids`` until taken."""
         infos = reply.infos if reply is not None else None
         if infos is not None:
             for env_id, info in zip(env_ids, infos):
@@ -437,15 +451,27 @@ class Scheduler:
         elif self.infos:  # drop what an earlier, discarded result left
             for env_id in env_ids:
                 self.infos.pop(env_id, None)
-        if failure is not None or ticket.errors:
+        if failure is not None or errors:
             for env_id in env_ids:
-                error = failure or ticket.errors.get(env_id)
+                error = failure or errors.get(env_id)
                 if error is not None:
                     self.errors[env_id] = error
-        self.num_busy -= len(env_ids)
-        self.num_stepping -= len(env_ids)
-        self._mark(ticket.rows if env_ids is ticket.env_ids else env_ids, READY)
-        self.ready_queue.extend(env_ids)
+
+    def step_in_place(self, command: Command) -> None:
+        """Run a step of every env to completion in this thread, for a backend that
+        :attr:`~Backend.completes_inline`, while no env has anything in flight or
+        unread: its results are kept as any step's are, for the caller to take at once
+        (they never enter the ready-queue, and no env changes state)."""
+        reply = self.backend.execute_now(command)
+        errors = {error.env_id: error.to_exception() for error in reply.errors or ()}
+        if reply.observations is not None:
+            for env_id, observation in zip(reply.env_ids, reply.observations):
+                self.observations[env_id] = observation
+        self._store_results(reply.env_ids, reply, None, errors)
+
+    def next_seq(self) -> int:
+        """A fresh sequence number for a command."""
+        return next(self._sequence)
 
     def _record(self, ticket: Ticket, reply: Reply) -> None:
         for error in reply.errors or ():

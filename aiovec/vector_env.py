@@ -330,6 +330,7 @@ class VecEnv(VectorEnv):
         self._check_actions = batch_checker(self.single_action_space)
         self._observations_shared = is_shareable(self.single_observation_space)
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)  # for DISABLED mode
+        self._steps_in_place = self._backend.completes_inline
         self.closed = False
 
     def _set_spaces(self, descriptions: list[tuple[Any, ...]]) -> None:
@@ -396,6 +397,15 @@ class VecEnv(VectorEnv):
         self._send(actions, env_ids, stream=True)
 
     def _send(self, actions: Any, env_ids: Any, stream: bool) -> list[Ticket]:
+        env_ids, make_step = self._step_commands(actions, env_ids, stream)
+        return self._scheduler.submit(env_ids, make_step, is_step=True)
+
+    def _step_commands(
+        self, actions: Any, env_ids: Any, stream: bool
+    ) -> tuple[list[int], Callable[[int, list[int]], Step]]:
+        """Check a step of ``env_ids`` with ``actions`` and write what travels in shared
+        memory: ``(env ids, make_step(seq, group))`` building each worker's command.
+        Raises before anything is written when a check fails."""
         self._check_open("send")
         env_ids, rows = self._resolve_env_ids(env_ids)
         scheduler = self._scheduler
@@ -421,7 +431,7 @@ class VecEnv(VectorEnv):
             def make_step(seq: int, group: list[int]) -> Step:
                 return Step(seq, group, [per_env_actions[i] for i in group], stream)
 
-        return scheduler.submit(env_ids, make_step, is_step=True)
+        return env_ids, make_step
 
     async def recv(
         self, max_envs: int | None = None, *, min_envs: int = 1, timeout: float | None = None
@@ -523,7 +533,28 @@ class VecEnv(VectorEnv):
     async def _step_wait(self, tickets: list[Ticket], timeout: float | None = None) -> tuple:
         scheduler = self._scheduler
         await scheduler.wait_until(lambda: all(ticket.done for ticket in tickets), timeout)
-        env_ids = sorted(scheduler.take_ready(self.num_envs))
+        return self._lockstep_results(sorted(scheduler.take_ready(self.num_envs)))
+
+    def _step_in_place(self, actions: Any) -> tuple:
+        """:meth:`step` for a backend that completes commands inline, while no env has
+        anything in flight or unread: the same checks and results without the
+        ready-queue (the lockstep fast path)."""
+        scheduler = self._scheduler
+        scheduler.enter_sync()
+        try:
+            env_ids, make_step = self._step_commands(actions, None, stream=False)
+            scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
+            return self._lockstep_results(env_ids)
+        except KeyboardInterrupt:
+            self.close(timeout=0)
+            raise
+        finally:
+            scheduler.exit_sync()
+
+    def _lockstep_results(self, env_ids: list[int]) -> tuple:
+        """The results of a step of all envs (``env_ids``, in order) as ``step`` returns
+        them, or the first env's error (the step fails as a whole)."""
+        scheduler = self._scheduler
         try:
             self._raise_first_error(env_ids)
         except BaseException:
@@ -688,6 +719,9 @@ class VecEnv(VectorEnv):
         """Step every env; see :meth:`astep`."""
         self._blocking_call("step", "astep")
         self._begin("step", synchronous=True)
+        scheduler = self._scheduler
+        if self._steps_in_place and not scheduler.num_busy and not scheduler.ready_queue:
+            return self._step_in_place(actions)
         return self._run(self.astep(actions))
 
     def call(

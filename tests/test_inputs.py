@@ -106,3 +106,36 @@ def test_an_argument_the_worker_cannot_unpickle_is_the_callers_error(monkeypatch
             venv.set_attr("level", Level(3))
         assert venv.call("env_index") == (0, 1)
         assert venv.worker_restarts == (0, 0)
+
+
+class _ActionKeeper(__import__("gymnasium").Env):
+    """Keeps every action it was given, to check later that none changed under it."""
+
+    def __init__(self):
+        import gymnasium as gym
+
+        self.observation_space = gym.spaces.Box(-1, 1, (2,))
+        self.action_space = gym.spaces.Box(-1, 1, (3,))
+        self.kept = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self.kept.append(action)
+        return np.zeros(2, dtype=np.float32), 0.0, False, False, {}
+
+
+def test_an_env_may_keep_the_actions_it_was_given(backend):
+    """Each env gets an action of its own: later steps (which write new actions into the
+    shared buffers) never change one it kept."""
+    with aiovec.VecEnv([_ActionKeeper] * 3, backend=backend) as venv:
+        venv.reset(seed=0)
+        sent = [
+            (step / 10 + np.arange(9).reshape(3, 3) / 100).astype(np.float32) for step in range(4)
+        ]
+        for actions in sent:
+            venv.step(actions)
+        for env_id, kept in enumerate(venv.get_attr("kept")):
+            np.testing.assert_array_equal(np.stack(kept), np.stack([a[env_id] for a in sent]))

@@ -96,6 +96,11 @@ class Backend(abc.ABC):
         """Queue a command made by :meth:`prepare` for ``worker``; never blocks on the
         envs and never fails."""
 
+    def execute_now(self, command: Command) -> Reply:
+        """Run ``command`` to completion in this thread and return its reply; only for
+        backends that :attr:`completes_inline` (the lockstep fast path)."""
+        raise NotImplementedError(f"{type(self).__name__} does not complete commands inline")
+
     @abc.abstractmethod
     def poll(self) -> list[Message]:
         """Whatever the workers have said since the last call, without waiting."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from aiovec._protocol import Command
+from aiovec._protocol import Command, Reply
 from aiovec.backends._base import LocalBackend, Message
 
 
@@ -33,6 +33,10 @@ class InlineBackend(LocalBackend):
 
     def submit(self, worker: int, command: Command) -> None:
         self._outbox.append((worker, self._host.execute(command)))
+
+    def execute_now(self, command: Command) -> Reply:
+        """Run ``command`` here and return the reply (the lockstep fast path)."""
+        return self._host.execute(command)
 
     def poll(self) -> list[Message]:
         messages, self._outbox = self._outbox, []
