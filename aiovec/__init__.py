@@ -8,6 +8,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._loop import new_event_loop, run
 from aiovec._make import make
+from aiovec._stats import Stats
 from aiovec.async_env import AsyncEnv, SyncEnvAdapter
 from aiovec.bookkeeping import Episode, EpisodeStatistics, TransitionAssembler
 from aiovec.envs import register_envs
@@ -47,6 +48,7 @@ __all__ = [
     "NothingInFlightError",
     "PendingCallError",
     "StartupTimeoutError",
+    "Stats",
     "StepTimeoutError",
     "SyncCallInEventLoopError",
     "SyncEnvAdapter",

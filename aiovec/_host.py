@@ -12,6 +12,7 @@ import inspect
 import traceback
 from collections.abc import Callable, Generator
 from operator import methodcaller
+from time import perf_counter
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -103,6 +104,7 @@ class EnvHost:
         self._restart_notices: dict[int, str] = {}  # env id -> why it was rebuilt
         self._observation_space = next(iter(envs.values())).observation_space
         self._needs_reset = dict.fromkeys(envs, False)
+        self._busy = 0.0  # seconds spent running envs, not yet reported in a reply
         # Observations of spaces that are not in shared memory, sent back in the reply.
         self._observations: dict[int, Any] | None = (
             None if is_shareable(self._observation_space) else {}
@@ -124,6 +126,19 @@ class EnvHost:
 
     def execute(self, command: Command) -> Reply:
         """Run ``command`` on each of its envs and describe the outcome."""
+        started, busy_before = perf_counter(), self._busy
+        reply = self._execute(command)
+        # The whole command, once (steps timed inside it are part of it).
+        self._busy = busy_before + (perf_counter() - started)
+        reply.busy = self.take_busy()
+        return reply
+
+    def take_busy(self) -> float:
+        """Seconds spent running envs since the last call (what a reply reports)."""
+        busy, self._busy = self._busy, 0.0
+        return busy
+
+    def _execute(self, command: Command) -> Reply:
         if type(command) is Step:
             return self.step_all(command)
         results: list[Any] = [None] * len(command.env_ids)
@@ -139,6 +154,13 @@ class EnvHost:
     async def execute_async(self, command: Command) -> Reply:
         """:meth:`execute` for envs whose methods may return awaitables, for any command
         but a step (async envs are stepped one by one, with :meth:`step_async`)."""
+        started = perf_counter()
+        reply = await self._execute_async(command)
+        self._busy += perf_counter() - started
+        reply.busy = self.take_busy()
+        return reply
+
+    async def _execute_async(self, command: Command) -> Reply:
         results: list[Any] = [None] * len(command.env_ids)
         errors: list[ErrorInfo] = []
         for position, env_id in enumerate(command.env_ids):
@@ -207,6 +229,18 @@ class EnvHost:
                     infos.append(info)
                     progressed = True
                     continue
+            elif not notices:  # the reset NEXT_STEP autoreset owes, written out too
+                try:
+                    observation, info = envs[env_id].reset()
+                    write_observation(env_id, observation)
+                    rewards[env_id] = 0.0
+                    terminations[env_id] = truncations[env_id] = False
+                    needs_reset[env_id] = False
+                except Exception as exc:
+                    outcome = self._recover(env_id, exc)
+                else:
+                    infos.append(info)
+                    continue
             else:
                 outcome = self.step(env_id, action)
             infos.append(outcome.info)
@@ -238,12 +272,18 @@ class EnvHost:
             return read_row(self.buffers.actions, command.env_ids[position])
         return command.actions[position]
 
-    # Stepping one env. ``step`` and ``step_async`` are twins (Python cannot share a body
+    # Stepping one env. ``_step`` and ``_step_async`` are twins (Python cannot share a body
     # between a function and a coroutine): keep them in step.
 
     def step(self, env_id: int, action: Any) -> StepOutcome:
         """Step env ``env_id``: its info, or the error it raised (after the restart
         policy had its say)."""
+        started = perf_counter()
+        outcome = self._step(env_id, action)
+        self._busy += perf_counter() - started
+        return outcome
+
+    def _step(self, env_id: int, action: Any) -> StepOutcome:
         stepped = self._plain_step(env_id)
         try:
             if stepped:
@@ -262,6 +302,12 @@ class EnvHost:
     async def step_async(self, env_id: int, action: Any) -> StepOutcome:
         """:meth:`step` for envs whose ``step`` may return an awaitable (or, with
         :attr:`threads`, blocking envs stepped in a thread): thousands per loop."""
+        started = perf_counter()
+        outcome = await self._step_async(env_id, action)
+        self._busy += perf_counter() - started
+        return outcome
+
+    async def _step_async(self, env_id: int, action: Any) -> StepOutcome:
         stepped = self._plain_step(env_id)
         try:
             if stepped:
@@ -318,6 +364,7 @@ class EnvHost:
             observations=self.observations_of(env_ids),
             errors=errors or None,
             progressed=any(outcome.progressed for outcome in outcomes),
+            busy=self.take_busy(),
         )
 
     def observations_of(self, env_ids: list[int]) -> list[Any] | None:

@@ -128,6 +128,7 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     ``infos`` and ``values`` are aligned with ``env_ids``; ``observations`` is set only
     for observation spaces that are not in shared memory. ``progressed`` is false when
     no env did real work (only autoresets and restart notices): a crash loop.
+    ``busy`` is the seconds the host spent running envs since its previous reply.
     """
 
     seq: int
@@ -137,6 +138,7 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     observations: Any = None
     errors: Union[list[ErrorInfo], None] = None
     progressed: bool = True
+    busy: float = 0.0
 
 
 def merge_replies(replies: list[Reply]) -> Reply:
@@ -163,6 +165,7 @@ def merge_replies(replies: list[Reply]) -> Reply:
         observations=joined("observations"),
         errors=errors or None,
         progressed=any(reply.progressed for reply in replies),
+        busy=sum(reply.busy for reply in replies),
     )
 
 

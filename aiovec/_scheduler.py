@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from aiovec._protocol import Command, Reply
+from aiovec._stats import StatsRecorder
 from aiovec.backends._base import Backend, Message, WorkerExit, WorkerGone
 from aiovec.errors import (
     ClosedError,
@@ -115,6 +116,9 @@ class Scheduler:
         self.errors: dict[int, Exception] = {}  # env id -> failure to report instead of a result
         self.observations: list[Any] = [None] * num_envs  # for spaces not in shared memory
         self.dead_workers: dict[int, WorkerCrashedError] = {}
+        #: Where time goes (see :meth:`aiovec.VecEnv.stats`).
+        self.stats = StatsRecorder()
+        self._local_workers = backend.local_workers
         #: Set while the synchronous API drives a coroutine: waits block instead of awaiting.
         self.blocking = False
         #: Set by :meth:`close`: every waiter, present and future, raises ClosedError.
@@ -174,6 +178,7 @@ class Scheduler:
             self.dispatch(self.backend.poll())
             self.check_alive(env_ids)
             prepared = self._prepare(env_ids, make_command)
+        self.stats.commands += len(prepared)
         for worker, group, rows, command, payload in prepared:
             ticket = Ticket(worker, group, rows, is_step, command, now)
             self.backend.submit(worker, payload)
@@ -210,10 +215,20 @@ class Scheduler:
             aiovec.WaitTimeoutError: ``timeout`` seconds passed first (nothing is lost).
             aiovec.ClosedError: the vector env was closed meanwhile.
         """
+        started = time.perf_counter()
+        try:
+            await self._wait_until(condition, timeout, started)
+        finally:
+            self.stats.wait_time += time.perf_counter() - started
+
+    async def _wait_until(
+        self, condition: Callable[[], bool], timeout: float | None, started: float
+    ) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.blocking:
             self._check_thread()
             await asyncio.sleep(0)  # never starve the loop's other tasks
+            self.stats.record_lag(time.perf_counter() - started)
         while not condition():
             if self.closed:
                 raise ClosedError(reason="the vector env was closed while this call waited")
@@ -363,6 +378,7 @@ class Scheduler:
             ticket = self._tickets.get(message.seq)
             if ticket is None:  # a late reply to a request given up on
                 continue
+            self._count_busy(worker, message)
             if message.progressed:  # real work happened: not a crash loop
                 self._crashes_in_a_row[worker] = 0
             if ticket.is_step and len(message.env_ids) < ticket.unanswered():
@@ -430,6 +446,9 @@ class Scheduler:
         self._store_results(env_ids, reply, failure, ticket.errors)
         self.num_busy -= len(env_ids)
         self.num_stepping -= len(env_ids)
+        stats = self.stats
+        stats.env_steps += len(env_ids)
+        stats.record_latency(time.monotonic() - ticket.sent_at, len(env_ids))
         self._mark(ticket.rows if env_ids is ticket.env_ids else env_ids, READY)
         self.ready_queue.extend(env_ids)
 
@@ -463,11 +482,22 @@ class Scheduler:
         unread: its results are kept as any step's are, for the caller to take at once
         (they never enter the ready-queue, and no env changes state)."""
         reply = self.backend.execute_now(command)
+        stats, busy, count = self.stats, reply.busy, len(reply.env_ids)
+        stats.env_time += busy
+        stats.local_env_time += busy  # such a backend runs its envs in this process
+        stats.commands += 1
+        stats.env_steps += count
+        stats.record_latency(busy, count)
         errors = {error.env_id: error.to_exception() for error in reply.errors or ()}
         if reply.observations is not None:
             for env_id, observation in zip(reply.env_ids, reply.observations):
                 self.observations[env_id] = observation
         self._store_results(reply.env_ids, reply, None, errors)
+
+    def _count_busy(self, worker: int, reply: Reply) -> None:
+        self.stats.env_time += reply.busy
+        if worker in self._local_workers:
+            self.stats.local_env_time += reply.busy
 
     def next_seq(self) -> int:
         """A fresh sequence number for a command."""
@@ -491,6 +521,7 @@ class Scheduler:
     def take_ready(self, limit: int) -> list[int]:
         """Up to ``limit`` env ids from the ready-queue, oldest first, marked IDLE."""
         queue = self.ready_queue
+        self.stats.record_queue_depth(len(queue))
         if limit >= len(queue):
             env_ids = list(queue)
             queue.clear()

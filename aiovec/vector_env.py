@@ -7,8 +7,10 @@ same coroutines with waits that block in the kernel instead of awaiting a loop.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -34,6 +36,7 @@ from aiovec._spaces import (
     split_batch,
     write_rows,
 )
+from aiovec._stats import Stats
 from aiovec.backends._base import Backend
 from aiovec.errors import (
     ClosedError,
@@ -45,6 +48,33 @@ from aiovec.errors import (
 )
 
 BACKENDS = ("process", "inline", "coroutine", "ray")
+
+
+def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Count the time spent in ``method`` (a public call) in :meth:`VecEnv.stats`."""
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def timed_coroutine(self: VecEnv, *args: Any, **kwargs: Any) -> Any:
+            stats = self._scheduler.stats
+            token = stats.begin_call()
+            try:
+                return await method(self, *args, **kwargs)
+            finally:
+                stats.end_call(token)
+
+        return timed_coroutine
+
+    @functools.wraps(method)
+    def timed(self: VecEnv, *args: Any, **kwargs: Any) -> Any:
+        stats = self._scheduler.stats
+        token = stats.begin_call()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            stats.end_call(token)
+
+    return timed
 
 
 def refuse_custom_worker(worker: Callable[..., None]) -> None:
@@ -353,6 +383,7 @@ class VecEnv(VectorEnv):
 
     # --- async API: lockstep ------------------------------------------------------------------
 
+    @_timed
     async def areset(
         self,
         *,
@@ -371,6 +402,7 @@ class VecEnv(VectorEnv):
         """
         return await self._reset_wait(self._reset_submit(seed, options))
 
+    @_timed
     async def astep(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env with ``actions`` (a batch of the ``action_space``) and return
         ``(observations, rewards, terminations, truncations, infos)`` for the whole batch.
@@ -382,6 +414,7 @@ class VecEnv(VectorEnv):
 
     # --- async API: first-ready ---------------------------------------------------------------
 
+    @_timed
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Start stepping the envs ``env_ids`` (default: all) with ``actions``; returns at once.
 
@@ -433,6 +466,7 @@ class VecEnv(VectorEnv):
 
         return env_ids, make_step
 
+    @_timed
     async def recv(
         self, max_envs: int | None = None, *, min_envs: int = 1, timeout: float | None = None
     ) -> Batch:
@@ -472,6 +506,7 @@ class VecEnv(VectorEnv):
         await scheduler.wait_until(enough_ready, timeout)
         return self._take_batch(max_envs)
 
+    @_timed
     def recv_nowait(self, max_envs: int | None = None) -> Batch | None:
         """The results that are ready now (at most ``max_envs``), or ``None`` if none is."""
         self._check_open("recv")
@@ -541,6 +576,7 @@ class VecEnv(VectorEnv):
         ready-queue (the lockstep fast path)."""
         scheduler = self._scheduler
         scheduler.enter_sync()
+        started = perf_counter()  # the outermost call: no nesting to track
         try:
             env_ids, make_step = self._step_commands(actions, None, stream=False)
             scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
@@ -549,6 +585,7 @@ class VecEnv(VectorEnv):
             self.close(timeout=0)
             raise
         finally:
+            scheduler.stats.call_time += perf_counter() - started
             scheduler.exit_sync()
 
     def _lockstep_results(self, env_ids: list[int]) -> tuple:
@@ -629,6 +666,7 @@ class VecEnv(VectorEnv):
 
     # --- calls and attributes -------------------------------------------------------------
 
+    @_timed
     async def acall(
         self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any
     ) -> tuple[Any, ...]:
@@ -639,6 +677,7 @@ class VecEnv(VectorEnv):
         """
         return await self._call_wait(*self._call_submit(name, args, kwargs, env_ids))
 
+    @_timed
     async def aapply(
         self,
         function: Callable[..., Any],
@@ -683,6 +722,7 @@ class VecEnv(VectorEnv):
             results.update(zip(ticket.env_ids, reply.values))
         return tuple(results[env_id] for env_id in env_ids)
 
+    @_timed
     async def aset_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:
         """Set attribute ``name`` on every env (or on ``env_ids``): ``values`` has one
         entry per env (a list or tuple), or is one value for all."""
@@ -757,6 +797,31 @@ class VecEnv(VectorEnv):
     def render(self) -> tuple[Any, ...] | None:
         """The frames rendered by every env."""
         return self.call("render")
+
+    def stats(self) -> Stats:
+        """Where this vector env's time went since it was built: env-steps, time in the
+        envs, aiovec's own time in this process, time spent waiting, recent step
+        latencies, ready-queue depth, event-loop lag and restarts (see
+        :class:`aiovec.Stats`). Always on, and cheap: a few additions per command.
+        Works after :meth:`close` too (the final counts).
+
+        Example:
+            >>> import aiovec
+            >>> with aiovec.make("CartPole-v1", 4, backend="inline") as envs:
+            ...     _ = envs.reset(seed=0)
+            ...     before = envs.stats()
+            ...     for _ in range(100):
+            ...         _ = envs.step(envs.action_space.sample())
+            ...     window = envs.stats() - before
+            >>> window.env_steps
+            400
+            >>> sorted(window.per_env_step())
+            ['agent', 'env', 'wait', 'wall']
+        """
+        return self._scheduler.stats.snapshot(
+            env_restarts=int(self.restart_counts.sum()),
+            worker_restarts=sum(self._scheduler.worker_restarts),
+        )
 
     @property
     def worker_restarts(self) -> tuple[int, ...]:
@@ -861,6 +926,7 @@ class VecEnv(VectorEnv):
         except BaseException:
             coroutine.close()
             raise
+        token = scheduler.stats.begin_call()
         try:
             coroutine.send(None)
         except StopIteration as finished:
@@ -869,6 +935,7 @@ class VecEnv(VectorEnv):
             self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
             raise
         finally:
+            scheduler.stats.end_call(token)
             scheduler.exit_sync()
         coroutine.close()
         raise AssertionError("a coroutine suspended in blocking mode")

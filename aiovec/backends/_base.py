@@ -75,6 +75,9 @@ class Backend(abc.ABC):
     completes_inline: bool = False
     #: Worker processes or actors hosting envs outside this process.
     num_workers: int = 0
+    #: Workers whose envs run inside the caller's calls, in this process (their time
+    #: is the agent's, not a worker's).
+    local_workers: frozenset[int] = frozenset()
     descriptions: list[tuple[Any, ...]]
     buffers: Buffers
 

@@ -20,6 +20,7 @@ class InlineBackend(LocalBackend):
     """All envs in one group, stepped by the calling thread."""
 
     completes_inline = True
+    local_workers = frozenset({0})
 
     def __init__(
         self,

@@ -199,6 +199,7 @@ class ProcessBackend(Backend):
                     local_envs, autoreset_mode, None, env_fns=local_fns, max_restarts=max_restarts
                 )
                 local_descriptions = [describe(env) for env in local_envs.values()]
+                self.local_workers = frozenset({len(self.groups) - 1})
             self.descriptions = self._handshake(range(num_workers)) + local_descriptions
         except BaseException:
             self.close(timeout=0)

@@ -43,6 +43,11 @@ class Contender:
     def close(self) -> None:
         raise NotImplementedError
 
+    def stats(self) -> aiovec.Stats | None:
+        """The aiovec vector env's :meth:`~aiovec.VecEnv.stats` (``None`` for others)."""
+        env = getattr(self, "env", None)
+        return env.stats() if isinstance(env, aiovec.VecEnv) else None
+
     def _action_batches(self, space: gym.Space) -> list[Any]:
         space.seed(0)
         return [space.sample() for _ in range(16)]

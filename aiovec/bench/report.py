@@ -57,6 +57,24 @@ def workload_table(result: WorkloadResult) -> str:
         lines.append("| " + " | ".join(row) + " |")
     if per_step:
         lines += ["", "Ratios for per-step overhead are ours / theirs: below 1 is faster."]
+    with_breakdown = [entry for entry in result.results if entry.breakdown]
+    if with_breakdown:
+        lines += [
+            "",
+            "Where aiovec's time went (`VecEnv.stats()` over the timed windows), us per "
+            "env-step: `agent` is aiovec's own work in this process, `env` the envs' "
+            "time in their hosts (summed over envs stepped at once), `wait` this process "
+            "waiting for workers; latency is send to result.",
+            "",
+            "| contender | agent | env | wait | step latency p50 | p99 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for entry in with_breakdown:
+            b = entry.breakdown
+            lines.append(
+                f"| {entry.name} | {b['agent']:,.1f} | {b['env']:,.1f} | {b['wait']:,.1f} "
+                f"| {b['latency_p50']:,.0f} us | {b['latency_p99']:,.0f} us |"
+            )
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import gymnasium as gym
 
@@ -31,6 +32,9 @@ class ContenderResult:
     memory_per_env: float | None = None  # bytes, when the workload measures memory
     recv_latencies: list[float] = field(default_factory=list)
     error: str | None = None
+    #: aiovec only, from ``VecEnv.stats()`` over the timed windows: microseconds per
+    #: env-step in the envs, in aiovec on the agent side, and waiting; step latency.
+    breakdown: dict[str, float] | None = None
 
     @property
     def rate(self) -> float:
@@ -67,6 +71,7 @@ def run_workload(
     contenders = workload.contenders()
     results = {c.name: ContenderResult(c.name, c.library, []) for c in contenders}
     cpu = {c.name: [0.0, 0] for c in contenders}
+    windows: dict[str, list[Any]] = {c.name: [] for c in contenders}
     started: list[Contender] = []
     try:
         for contender in contenders:
@@ -89,9 +94,12 @@ def run_workload(
                 progress(f"{workload.key}: {contender.name} ({round_index + 1}/{repeats})")
                 if workload.settle:
                     contender.run(workload.settle)
+                stats_before = contender.stats()
                 cpu_before, clock_before = system.tree_cpu_seconds(), time.perf_counter()
                 steps = contender.run(seconds)
                 elapsed = time.perf_counter() - clock_before
+                if stats_before is not None:
+                    windows[contender.name].append(contender.stats() - stats_before)
                 cpu[contender.name][0] += system.tree_cpu_seconds() - cpu_before
                 cpu[contender.name][1] += steps
                 results[contender.name].rates.append(steps / elapsed)
@@ -103,6 +111,7 @@ def run_workload(
         if steps:
             results[contender.name].cpu_us_per_step = 1e6 * used / steps
         results[contender.name].recv_latencies = contender.recv_latencies
+        results[contender.name].breakdown = breakdown(windows[contender.name])
     return WorkloadResult(
         workload.key,
         workload.title,
@@ -112,6 +121,22 @@ def run_workload(
         workload.bytes_per_step,
         list(results.values()),
     )
+
+
+def breakdown(windows: list[Any]) -> dict[str, float] | None:
+    """Microseconds per env-step over the timed windows (``aiovec.Stats`` of each):
+    ``agent``, ``env``, ``wait``, and the latest step latency quantiles."""
+    steps = sum(window.env_steps for window in windows)
+    if not steps:
+        return None
+    latency = windows[-1].step_latency
+    return {
+        "agent": 1e6 * sum(window.agent_time for window in windows) / steps,
+        "env": 1e6 * sum(window.env_time for window in windows) / steps,
+        "wait": 1e6 * sum(window.wait_time for window in windows) / steps,
+        "latency_p50": 1e6 * latency.get("p50", 0.0),
+        "latency_p99": 1e6 * latency.get("p99", 0.0),
+    }
 
 
 @dataclass

@@ -1,0 +1,189 @@
+"""Where a vector env's time goes: always-on counters, and the snapshot users read.
+
+The scheduler owns one :class:`StatsRecorder` and feeds it at points it passes anyway
+(a reply applied, a wait finished, results taken), so recording costs a few additions
+per command, never per-env Python work on the lockstep path.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+#: How many recent step latencies the quantiles of :class:`Stats` are computed over.
+LATENCY_WINDOW = 4096
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counters of one vector env since it was built (see :meth:`aiovec.VecEnv.stats`).
+
+    Times are seconds of wall-clock time. Subtract two snapshots (``later - earlier``)
+    for the counters of the interval between them; latency quantiles and loop lag are
+    then those of the later snapshot (they describe recent steps, not a sum).
+
+    Guarantees: ``env_steps`` counts every step result that arrived (errors included);
+    ``env_time`` is what the envs' hosts spent running commands (env code plus the
+    host's writing of results), summed over envs stepped at the same time, and includes
+    the time of envs stepped in this process; ``agent_time`` is the time aiovec's calls
+    spent in this process outside waits and outside envs stepped here, so
+    ``agent_time / env_steps`` is aiovec's own cost per env-step on the agent side.
+    """
+
+    #: Seconds the counters cover.
+    elapsed: float = 0.0
+    #: Step results that arrived (one per env per step).
+    env_steps: int = 0
+    #: Commands sent (one per worker per call).
+    commands: int = 0
+    #: Seconds the envs' hosts spent running commands, in workers and in this process.
+    env_time: float = 0.0
+    #: Of ``env_time``, the part spent in this process (inline envs, local share).
+    local_env_time: float = 0.0
+    #: Seconds aiovec's calls spent in this process, waits and local env time excluded.
+    agent_time: float = 0.0
+    #: Seconds aiovec's calls spent waiting for results (blocked, or awaiting the loop).
+    wait_time: float = 0.0
+    #: Ready-queue length when results were taken: mean and maximum.
+    mean_queue_depth: float = 0.0
+    max_queue_depth: int = 0
+    #: Send-to-result latency of recent env-steps (seconds), by quantile: ``p50``,
+    #: ``p90``, ``p99``, ``max``; empty before the first step.
+    step_latency: dict[str, float] = field(default_factory=dict)
+    #: How long aiovec's tasks waited for the event loop when they yielded to it
+    #: (seconds): ``mean`` and ``max``; empty when only the synchronous API was used.
+    loop_lag: dict[str, float] = field(default_factory=dict)
+    #: Envs rebuilt after a failure, and workers replaced (``on_failure="restart"``).
+    env_restarts: int = 0
+    worker_restarts: int = 0
+    # Sums behind the means, so that differences of snapshots stay exact.
+    _queue_depth_sum: int = field(default=0, repr=False)
+    _queue_samples: int = field(default=0, repr=False)
+
+    @property
+    def steps_per_second(self) -> float:
+        """Env-steps per second over :attr:`elapsed`."""
+        return self.env_steps / self.elapsed if self.elapsed > 0 else 0.0
+
+    def per_env_step(self) -> dict[str, float]:
+        """Microseconds per env-step: ``env`` (in the envs' hosts), ``agent`` (aiovec in
+        this process), ``wait`` (this process waiting) and ``wall``."""
+        steps = max(self.env_steps, 1)
+        return {
+            "env": 1e6 * self.env_time / steps,
+            "agent": 1e6 * self.agent_time / steps,
+            "wait": 1e6 * self.wait_time / steps,
+            "wall": 1e6 * self.elapsed / steps,
+        }
+
+    def __sub__(self, earlier: Stats) -> Stats:
+        if not isinstance(earlier, Stats):
+            return NotImplemented
+        counters = {
+            f.name: getattr(self, f.name) - getattr(earlier, f.name)
+            for f in fields(self)
+            if f.name not in ("step_latency", "loop_lag", "max_queue_depth", "mean_queue_depth")
+        }
+        samples = counters["_queue_samples"]
+        return Stats(
+            **counters,
+            mean_queue_depth=counters["_queue_depth_sum"] / samples if samples else 0.0,
+            max_queue_depth=self.max_queue_depth,
+            step_latency=self.step_latency,
+            loop_lag=self.loop_lag,
+        )
+
+
+class StatsRecorder:
+    """The counters behind :class:`Stats`; fed by the scheduler and the vector env."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.env_steps = 0
+        self.commands = 0
+        self.env_time = 0.0
+        self.local_env_time = 0.0
+        self.call_time = 0.0  # wall time inside aiovec's calls
+        self._depth = 0  # calls in progress (a sync call drives an async one)
+        self.wait_time = 0.0
+        self.queue_depth_sum = 0
+        self.queue_samples = 0
+        self.max_queue_depth = 0
+        self.lag_sum = 0.0
+        self.lag_samples = 0
+        self.max_lag = 0.0
+        # The latest LATENCY_WINDOW results (a command's envs share one), with how many
+        # env-steps each stands for: plain lists, as a numpy write costs more than both.
+        self._latency_seconds = [0.0] * LATENCY_WINDOW
+        self._latency_weights = [0] * LATENCY_WINDOW
+        self._latency_slot = 0
+
+    def begin_call(self) -> float:
+        """A call into aiovec starts; returns the token for :meth:`end_call` (calls made
+        inside a call are part of it: only the outermost one is timed)."""
+        self._depth += 1
+        return time.perf_counter() if self._depth == 1 else -1.0
+
+    def end_call(self, token: float) -> None:
+        self._depth -= 1
+        if token >= 0:
+            self.call_time += time.perf_counter() - token
+
+    def record_latency(self, seconds: float, count: int) -> None:
+        """``count`` env-steps took ``seconds`` from send to result."""
+        slot = self._latency_slot
+        self._latency_seconds[slot] = seconds
+        self._latency_weights[slot] = count
+        self._latency_slot = (slot + 1) % LATENCY_WINDOW
+
+    def record_queue_depth(self, depth: int) -> None:
+        self.queue_depth_sum += depth
+        self.queue_samples += 1
+        if depth > self.max_queue_depth:
+            self.max_queue_depth = depth
+
+    def record_lag(self, seconds: float) -> None:
+        self.lag_sum += seconds
+        self.lag_samples += 1
+        if seconds > self.max_lag:
+            self.max_lag = seconds
+
+    def snapshot(self, env_restarts: int, worker_restarts: int) -> Stats:
+        weights = np.array(self._latency_weights, dtype=np.float64)
+        step_latency = {}
+        if weights.any():
+            seconds = np.array(self._latency_seconds)
+            order = np.argsort(seconds)
+            seconds, cumulative = seconds[order], np.cumsum(weights[order])
+            # Weighted quantiles: the latency below which that share of env-steps fell.
+            at = np.searchsorted(cumulative, np.array([0.5, 0.9, 0.99]) * cumulative[-1])
+            p50, p90, p99 = (float(seconds[min(i, len(seconds) - 1)]) for i in at)
+            step_latency = {
+                "p50": p50,
+                "p90": p90,
+                "p99": p99,
+                "max": float(seconds[weights[order] > 0][-1]),
+            }
+        loop_lag = {}
+        if self.lag_samples:
+            loop_lag = {"mean": self.lag_sum / self.lag_samples, "max": self.max_lag}
+        samples = self.queue_samples
+        return Stats(
+            elapsed=time.perf_counter() - self.started,
+            env_steps=self.env_steps,
+            commands=self.commands,
+            env_time=self.env_time,
+            local_env_time=self.local_env_time,
+            agent_time=max(self.call_time - self.wait_time - self.local_env_time, 0.0),
+            wait_time=self.wait_time,
+            mean_queue_depth=self.queue_depth_sum / samples if samples else 0.0,
+            max_queue_depth=self.max_queue_depth,
+            step_latency=step_latency,
+            loop_lag=loop_lag,
+            env_restarts=env_restarts,
+            worker_restarts=worker_restarts,
+            _queue_depth_sum=self.queue_depth_sum,
+            _queue_samples=samples,
+        )
