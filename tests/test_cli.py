@@ -55,7 +55,9 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     assert targets.returncode == 0, targets.stderr
     assert "| Memory, 64 envs: process <= 1/8 of Async's |" in targets.stdout
     assert "PASS" in targets.stdout or "MISS" in targets.stdout
-    assert "| W4: lockstep >= 0.75 of the CPU limit | not run | - |" in targets.stdout
+    assert "| W4 8 envs: make default lockstep >= 0.88 of the CPU limit | not run | - |" in (
+        targets.stdout
+    )
 
 
 def test_tune_recommends_a_call(tmp_path):

@@ -82,13 +82,15 @@ class AiovecFirstReady(Contender):
 
     library = "aiovec"
 
-    def __init__(self, batch_size: int, options: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(
+        self, batch_size: int, options: dict[str, Any], label: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.batch_size, self.options = batch_size, options
         workers = f", {options['num_workers']} workers" if "num_workers" in options else ""
         transport = options.get("ray_options", {}).get("transport")
         backend = options.get("backend", "process") + (f" {transport}" if transport else "")
-        self.name = f"aiovec {backend} (first-ready {batch_size}{workers})"
+        self.name = f"aiovec {label or backend} (first-ready {batch_size}{workers})"
 
     def start(self) -> None:
         self.env = aiovec.VecEnv([self.env_fn] * self.num_envs, copy=self.copy, **self.options)

@@ -10,11 +10,13 @@ from typing import Any
 
 import gymnasium as gym
 
+import aiovec
 from aiovec.bench.contenders import (
     AiovecFirstReady,
     BareAsyncioFloor,
     Contender,
     EnvFn,
+    GymnasiumLockstep,
     RayActorPerEnv,
     SB3Lockstep,
     ensure_ray,
@@ -101,7 +103,24 @@ def _latency_workload(
 
     def contenders() -> list[Contender]:
         common = {"env_fn": env_fn, "num_envs": num_envs}
-        result: list[Contender] = []
+        # What users get without options: VecEnv(fns) (the AsyncVectorEnv replacement)
+        # and make(..., backend="auto"), both first-ready one env at a time.
+        result: list[Contender] = [
+            AiovecFirstReady(1, {}, label="VecEnv(fns) default", **common),
+            AiovecFirstReady(1, {"backend": "auto"}, label="make auto", **common),
+            GymnasiumLockstep(
+                "aiovec VecEnv(fns) default (lockstep)",
+                "aiovec",
+                partial(aiovec.VecEnv, [env_fn] * num_envs),
+                **common,
+            ),
+            GymnasiumLockstep(
+                "aiovec make auto (lockstep)",
+                "aiovec",
+                partial(aiovec.VecEnv, [env_fn] * num_envs, backend="auto"),
+                **common,
+            ),
+        ]
         for num_workers in workers:
             result += lockstep_contenders(
                 env_fn,
@@ -202,7 +221,7 @@ def w6(num_envs: int = 1000) -> Workload:
     def contenders() -> list[Contender]:
         common = {"num_envs": num_envs}
         workers = min(num_envs, 64)
-        return [
+        result: list[Contender] = [
             AiovecFirstReady(num_envs, {"backend": "coroutine"}, env_fn=env_fn, **common),
             # the same async envs, driven concurrently by one event loop per worker process
             AiovecFirstReady(
@@ -211,14 +230,18 @@ def w6(num_envs: int = 1000) -> Workload:
                 env_fn=env_fn,
                 **common,
             ),
-            AiovecFirstReady(
-                num_envs,
-                {"backend": "process", "num_workers": workers},
-                env_fn=SyncEnvAdapter.factory(env_fn),
-                **common,
-            ),
-            BareAsyncioFloor(mean, 1.0, 1.0, env_fn=env_fn, **common),
         ]
+        if num_envs <= 1000:  # beyond, a thread per blocking env is not a contender
+            result.append(
+                AiovecFirstReady(
+                    num_envs,
+                    {"backend": "process", "num_workers": workers},
+                    env_fn=SyncEnvAdapter.factory(env_fn),
+                    **common,
+                )
+            )
+        result.append(BareAsyncioFloor(mean, 1.0, 1.0, env_fn=env_fn, **common))
+        return result
 
     return Workload(
         key=f"W6-{num_envs}",
@@ -250,5 +273,5 @@ def workload(
     if key == "W5":
         return [w5(num_envs or 8)]
     if key == "W6":
-        return [w6(num_envs or 1000)]
+        return [w6(n) for n in ([num_envs] if num_envs else [1000, 10000])]
     raise ValueError(f"unknown workload {key!r}: choose from W1, W2, W3, W4, W5, W6, memory")
