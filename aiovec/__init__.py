@@ -27,6 +27,7 @@ from aiovec.errors import (
     WaitTimeoutError,
     WorkerCrashedError,
 )
+from aiovec.replay import PrioritizedReplayBuffer, ReplayBuffer, Sample, to_torch
 from aiovec.vector_env import Batch, VecEnv
 
 __version__ = "0.1.0"
@@ -47,6 +48,9 @@ __all__ = [
     "NoPendingCallError",
     "NothingInFlightError",
     "PendingCallError",
+    "PrioritizedReplayBuffer",
+    "ReplayBuffer",
+    "Sample",
     "StartupTimeoutError",
     "Stats",
     "StepTimeoutError",
@@ -59,4 +63,5 @@ __all__ = [
     "make",
     "new_event_loop",
     "run",
+    "to_torch",
 ]

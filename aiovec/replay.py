@@ -1,0 +1,671 @@
+"""Replay buffers written straight from vector-env results, first-ready or lockstep.
+
+:class:`ReplayBuffer` keeps a fixed number of transitions in numpy arrays laid out from
+the envs' single observation and action spaces, and samples contiguous batches.
+:class:`PrioritizedReplayBuffer` samples in proportion to priorities kept in a sum-tree
+(Schaul et al., 2016). Both are fed the way :class:`aiovec.TransitionAssembler` is:
+the observations of a reset, the actions sent, and every :class:`aiovec.Batch` received
+(or a lockstep ``step``'s results), so env ids may arrive in any order and no transition
+ever crosses an episode boundary, in all three autoreset modes. Everything is
+vectorized: a batch costs a few numpy operations, whatever its size.
+
+n-step returns are computed when sampling, by following each transition's link to the
+same env's next one (links die with the slot they point to, so overwritten data is never
+mixed in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import create_empty_array
+
+from aiovec._spaces import is_shareable, read_rows, write_rows
+
+#: Version of the ``.npz`` layout written by :meth:`ReplayBuffer.save`.
+FORMAT_VERSION = 1
+
+
+class Sample(NamedTuple):
+    """A batch of transitions, row ``i`` of every field from the same transition.
+
+    ``rewards`` is the discounted sum of up to ``n_step`` rewards, ``next_observations``
+    the observation that follows the last of them and ``discounts`` the factor to apply
+    to a value estimate of it: ``gamma ** k`` for ``k`` steps taken, and 0 when the
+    episode terminated within them (bootstrap with
+    ``rewards + discounts * value(next_observations)``). ``weights`` are the
+    importance-sampling weights (ones for uniform sampling); ``indices`` identify the
+    transitions for :meth:`PrioritizedReplayBuffer.update_priorities`.
+    """
+
+    observations: Any
+    actions: Any
+    rewards: Any
+    next_observations: Any
+    terminations: Any
+    truncations: Any
+    discounts: Any
+    weights: Any
+    indices: np.ndarray
+
+
+class ReplayBuffer:
+    """Uniform replay of the last ``capacity`` transitions of ``num_envs`` envs.
+
+    Feed it with :meth:`reset` (observations of a reset), :meth:`sent` (the actions
+    passed to ``send``/``step``) and :meth:`received` (every batch of results), or with
+    ready-made transitions through :meth:`add`. Guarantees: a transition pairs an
+    observation with the action sent from it and the env's next result; the result
+    that an autoreset produces (``NEXT_STEP``) starts a new episode and makes no
+    transition; with ``SAME_STEP`` the episode's last transition ends at
+    ``infos["final_obs"]``.
+
+    Example:
+        >>> import aiovec
+        >>> envs = aiovec.make("CartPole-v1", 4, backend="inline")
+        >>> buffer = aiovec.ReplayBuffer.for_env(envs, capacity=1000)
+        >>> observations, _ = envs.reset(seed=0)
+        >>> buffer.reset(observations)
+        >>> for _ in range(10):
+        ...     actions = envs.action_space.sample()
+        ...     buffer.sent(actions)
+        ...     _ = buffer.received(envs.step(actions))
+        >>> len(buffer)
+        40
+        >>> buffer.sample(8, rng=0).observations.shape
+        (8, 4)
+        >>> envs.close()
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        *,
+        num_envs: int = 1,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        n_step: int = 1,
+        gamma: float = 0.99,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        if n_step < 1:
+            raise ValueError(f"n_step must be at least 1, got {n_step}")
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        for name, space in (("observation", observation_space), ("action", action_space)):
+            if not is_shareable(space):
+                raise TypeError(
+                    f"the {name} space {space} has no fixed-size array form; a replay buffer "
+                    "stores Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of them"
+                )
+        self.capacity = int(capacity)
+        self.observation_space, self.action_space = observation_space, action_space
+        self.num_envs = int(num_envs)
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.n_step, self.gamma = int(n_step), float(gamma)
+        self.observations = create_empty_array(observation_space, capacity, fn=np.zeros)
+        self.next_observations = create_empty_array(observation_space, capacity, fn=np.zeros)
+        self.actions = create_empty_array(action_space, capacity, fn=np.zeros)
+        self.rewards = np.zeros(capacity, dtype=np.float32)
+        self.terminations = np.zeros(capacity, dtype=np.bool_)
+        self.truncations = np.zeros(capacity, dtype=np.bool_)
+        # The same env's next transition (-1: none yet, or the episode ended), and the
+        # insertion count of each slot, so a link to an overwritten slot is recognised.
+        self.successors = np.full(capacity, -1, dtype=np.int64)
+        self.stamps = np.full(capacity, -1, dtype=np.int64)
+        self.inserted = 0  # transitions ever added: the next one's stamp
+        # Per env: the observation and action a result will complete, and its last slot.
+        self._last_observations = create_empty_array(observation_space, num_envs, fn=np.zeros)
+        self._last_actions = create_empty_array(action_space, num_envs, fn=np.zeros)
+        self._has_observation = np.zeros(num_envs, dtype=np.bool_)
+        self._after_end = np.zeros(num_envs, dtype=np.bool_)
+        self._last_slot = np.full(num_envs, -1, dtype=np.int64)
+        self._last_stamp = np.full(num_envs, -1, dtype=np.int64)
+
+    @classmethod
+    def for_env(cls, env: Any, capacity: int, **kwargs: Any) -> ReplayBuffer:
+        """A buffer laid out for ``env`` (an ``aiovec.VecEnv`` or any Gymnasium vector
+        env): its single spaces, number of envs and autoreset mode."""
+        kwargs.setdefault("num_envs", env.num_envs)
+        mode = getattr(env, "autoreset_mode", None) or env.metadata.get("autoreset_mode")
+        if mode is not None:
+            kwargs.setdefault("autoreset_mode", mode)
+        return cls(capacity, env.single_observation_space, env.single_action_space, **kwargs)
+
+    def __len__(self) -> int:
+        return min(self.inserted, self.capacity)
+
+    # --- feeding from a vector env ------------------------------------------------------
+
+    def reset(self, observations: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Record the observations of a reset of ``env_ids`` (default: all, in order)."""
+        rows = self._rows(env_ids)
+        write_rows(self._last_observations, rows, observations)
+        self._has_observation[rows] = True
+        self._after_end[rows] = False
+        self._last_slot[rows] = -1
+
+    def sent(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Record the actions sent to ``env_ids`` (default: all, in order)."""
+        write_rows(self._last_actions, self._rows(env_ids), actions)
+
+    def received(self, result: Any) -> int:
+        """Add the transitions completed by ``result``: an :class:`aiovec.Batch` from
+        ``recv`` (any env ids, any order), or the ``(observations, rewards,
+        terminations, truncations, infos)`` of a lockstep ``step``. Returns how many
+        transitions were added."""
+        if isinstance(result, tuple) and len(result) == 5:
+            observations, rewards, terminations, truncations, infos = result
+            env_ids = np.arange(self.num_envs)
+        else:
+            observations, rewards = result.observations, result.rewards
+            terminations, truncations = result.terminations, result.truncations
+            infos, env_ids = result.infos, np.asarray(result.env_ids)
+        terminations = np.asarray(terminations, dtype=np.bool_)
+        truncations = np.asarray(truncations, dtype=np.bool_)
+        if not self._has_observation[env_ids].all():
+            missing = env_ids[~self._has_observation[env_ids]].tolist()
+            raise RuntimeError(
+                f"envs {missing} returned results before any reset was recorded: call "
+                "buffer.reset(observations) with the observations of reset() first"
+            )
+        # A NEXT_STEP autoreset result starts a new episode: no transition.
+        makes_transition = ~self._after_end[env_ids]
+        if self.autoreset_mode is not AutoresetMode.NEXT_STEP:
+            makes_transition[:] = True
+        rows = np.flatnonzero(makes_transition)
+        next_observations = observations
+        final_mask = infos.get("_final_obs") if isinstance(infos, dict) else None
+        if final_mask is not None and np.any(final_mask):
+            # SAME_STEP: the episode's last observation is in final_obs, not observations.
+            next_observations = _with_final(
+                self.observation_space, observations, infos["final_obs"], final_mask
+            )
+        added = 0
+        if rows.size:
+            ids = env_ids[rows]
+            added = self._insert(
+                ids,
+                read_rows(self._last_observations, ids),
+                read_rows(self._last_actions, ids),
+                np.asarray(rewards)[rows],
+                read_rows(next_observations, rows),
+                terminations[rows],
+                truncations[rows],
+            )
+        write_rows(self._last_observations, env_ids, observations)
+        ended = terminations | truncations
+        self._after_end[env_ids] = ended
+        self._last_slot[env_ids[ended]] = -1  # no link across an episode boundary
+        return added
+
+    def add(
+        self,
+        observations: Any,
+        actions: Any,
+        rewards: Any,
+        next_observations: Any,
+        terminations: Any,
+        truncations: Any,
+        env_ids: Sequence[int] | np.ndarray | None = None,
+    ) -> None:
+        """Add ready-made transitions (batches with one row per transition). Give
+        ``env_ids`` (which env each row came from, in time order per env) to link
+        consecutive transitions for n-step returns."""
+        count = len(np.asarray(rewards))
+        ids = None if env_ids is None else np.asarray(env_ids, dtype=np.int64)
+        if ids is not None and len(ids) != count:
+            raise ValueError(f"env_ids has {len(ids)} entries for {count} transitions")
+        self._insert(
+            ids,
+            observations,
+            actions,
+            np.asarray(rewards),
+            next_observations,
+            np.asarray(terminations, dtype=np.bool_),
+            np.asarray(truncations, dtype=np.bool_),
+        )
+
+    def _insert(
+        self,
+        env_ids: np.ndarray | None,
+        observations: Any,
+        actions: Any,
+        rewards: np.ndarray,
+        next_observations: Any,
+        terminations: np.ndarray,
+        truncations: np.ndarray,
+    ) -> int:
+        count = len(rewards)
+        if count > self.capacity:  # only the newest fit
+            keep = slice(count - self.capacity, count)
+            env_ids = None if env_ids is None else env_ids[keep]
+            observations, actions = read_rows(observations, keep), read_rows(actions, keep)
+            next_observations = read_rows(next_observations, keep)
+            rewards, terminations, truncations = (
+                rewards[keep],
+                terminations[keep],
+                truncations[keep],
+            )
+            self.inserted += count - self.capacity
+            count = self.capacity
+        slots = (self.inserted + np.arange(count)) % self.capacity
+        stamps = self.inserted + np.arange(count)
+        write_rows(self.observations, slots, observations)
+        write_rows(self.actions, slots, actions)
+        write_rows(self.next_observations, slots, next_observations)
+        self.rewards[slots] = rewards
+        self.terminations[slots] = terminations
+        self.truncations[slots] = truncations
+        self.successors[slots] = -1
+        self.stamps[slots] = stamps
+        if env_ids is not None:
+            self._link(env_ids, slots, stamps, terminations | truncations)
+        self.inserted += count
+        self._inserted_slots(slots)
+        return count
+
+    def _link(
+        self, env_ids: np.ndarray, slots: np.ndarray, stamps: np.ndarray, ended: np.ndarray
+    ) -> None:
+        """Point each env's previous transition at its next one (rows of one env are in
+        time order), as long as the previous one is still stored."""
+        previous_slot = np.empty_like(slots)
+        previous_stamp = np.empty_like(stamps)
+        # Within this batch, an env's previous transition is its previous row here.
+        order = np.argsort(env_ids, kind="stable")
+        sorted_ids = env_ids[order]
+        first = np.ones(len(order), dtype=np.bool_)
+        first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+        previous_in_batch = np.empty_like(order)
+        previous_in_batch[1:] = order[:-1]
+        from_batch = order[~first]
+        previous_slot[from_batch] = slots[previous_in_batch[~first]]
+        previous_stamp[from_batch] = stamps[previous_in_batch[~first]]
+        ended_before = np.zeros(len(order), dtype=np.bool_)
+        ended_before[from_batch] = ended[previous_in_batch[~first]]
+        from_before = order[first]
+        previous_slot[from_before] = self._last_slot[env_ids[from_before]]
+        previous_stamp[from_before] = self._last_stamp[env_ids[from_before]]
+        valid = (previous_slot >= 0) & ~ended_before
+        valid[valid] = self.stamps[previous_slot[valid]] == previous_stamp[valid]
+        self.successors[previous_slot[valid]] = slots[valid]
+        # Each env's last row in the batch becomes its last slot (none after an end).
+        last = np.ones(len(order), dtype=np.bool_)
+        last[:-1] = sorted_ids[1:] != sorted_ids[:-1]
+        final_rows = order[last]
+        self._last_slot[env_ids[final_rows]] = np.where(ended[final_rows], -1, slots[final_rows])
+        self._last_stamp[env_ids[final_rows]] = stamps[final_rows]
+
+    def _inserted_slots(self, slots: np.ndarray) -> None:
+        """Hook for subclasses: ``slots`` were just (over)written."""
+
+    # --- sampling -----------------------------------------------------------------------
+
+    def sample(
+        self,
+        batch_size: int,
+        rng: np.random.Generator | int | None = None,
+        device: Any = None,
+    ) -> Sample:
+        """``batch_size`` transitions drawn uniformly (with replacement), as contiguous
+        arrays; with ``device`` (e.g. ``"cpu"``, ``"cuda"``), as torch tensors there,
+        each field moved in one copy."""
+        size = len(self)
+        if size == 0:
+            raise ValueError("the replay buffer is empty: add transitions before sampling")
+        generator = np.random.default_rng(rng)
+        indices = generator.integers(0, size, batch_size)
+        slots = self._slots_of(indices)
+        return self._gather(slots, np.ones(batch_size, dtype=np.float32), device)
+
+    def _slots_of(self, indices: np.ndarray) -> np.ndarray:
+        """Slots of the ``indices``-th stored transitions (any order is uniform)."""
+        return indices
+
+    def _gather(self, slots: np.ndarray, weights: np.ndarray, device: Any) -> Sample:
+        rewards = self.rewards[slots].astype(np.float32)
+        terminations = self.terminations[slots].copy()
+        truncations = self.truncations[slots].copy()
+        discounts = np.full(len(slots), self.gamma, dtype=np.float32)
+        last = slots
+        if self.n_step > 1:
+            # Follow each transition's links while its episode goes on.
+            scale = np.ones(len(slots), dtype=np.float32)
+            alive = ~(terminations | truncations)
+            for _ in range(self.n_step - 1):
+                successor = self.successors[last]
+                step = alive & (successor >= 0)
+                if not step.any():
+                    break
+                scale[step] *= self.gamma
+                following = successor[step]
+                rewards[step] += scale[step] * self.rewards[following]
+                last = last.copy()
+                last[step] = following
+                terminations[step] = self.terminations[following]
+                truncations[step] = self.truncations[following]
+                discounts[step] *= self.gamma
+                alive = step & ~(terminations | truncations)
+        discounts[terminations] = 0.0
+        sample = Sample(
+            read_rows(self.observations, slots),
+            read_rows(self.actions, slots),
+            rewards,
+            read_rows(self.next_observations, last),
+            terminations,
+            truncations,
+            discounts,
+            weights,
+            slots,
+        )
+        return sample if device is None else to_torch(sample, device)
+
+    # --- saving -------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """Write the buffer (contents, links, feeding state) to ``path`` (``.npz``), to
+        resume with :meth:`load`."""
+        arrays = {
+            "format_version": np.array(FORMAT_VERSION),
+            "kind": np.array(type(self).__name__),
+            "capacity": np.array(self.capacity),
+            "num_envs": np.array(self.num_envs),
+            "autoreset_mode": np.array(self.autoreset_mode.value),
+            "n_step": np.array(self.n_step),
+            "gamma": np.array(self.gamma),
+            "inserted": np.array(self.inserted),
+        }
+        for name in (
+            "rewards",
+            "terminations",
+            "truncations",
+            "successors",
+            "stamps",
+            "_has_observation",
+            "_after_end",
+            "_last_slot",
+            "_last_stamp",
+        ):
+            arrays[name] = getattr(self, name)
+        for name in ("observations", "next_observations", "actions", "_last_observations"):
+            _flatten(arrays, name, getattr(self, name))
+        _flatten(arrays, "_last_actions", self._last_actions)
+        arrays.update(self._extra_state())
+        np.savez(path, **arrays)
+
+    def _extra_state(self) -> dict[str, np.ndarray]:
+        return {}
+
+    @classmethod
+    def load(
+        cls, path: str | Path, observation_space: spaces.Space, action_space: spaces.Space
+    ) -> ReplayBuffer:
+        """A buffer saved by :meth:`save`, for the same spaces."""
+        with np.load(path, allow_pickle=False) as data:
+            if int(data["format_version"]) != FORMAT_VERSION:
+                raise ValueError(
+                    f"{path} is replay-buffer format {int(data['format_version'])}; this "
+                    f"aiovec reads format {FORMAT_VERSION}"
+                )
+            if str(data["kind"]) != cls.__name__:
+                raise ValueError(f"{path} holds a {data['kind']}, not a {cls.__name__}")
+            buffer = cls(
+                int(data["capacity"]),
+                observation_space,
+                action_space,
+                num_envs=int(data["num_envs"]),
+                autoreset_mode=str(data["autoreset_mode"]),
+                n_step=int(data["n_step"]),
+                gamma=float(data["gamma"]),
+                **cls._load_options(data),
+            )
+            buffer.inserted = int(data["inserted"])
+            for name in (
+                "rewards",
+                "terminations",
+                "truncations",
+                "successors",
+                "stamps",
+                "_has_observation",
+                "_after_end",
+                "_last_slot",
+                "_last_stamp",
+            ):
+                target = getattr(buffer, name)
+                if data[name].shape != target.shape:
+                    raise ValueError(f"{path}: {name} has shape {data[name].shape}")
+                target[...] = data[name]
+            for name in (
+                "observations",
+                "next_observations",
+                "actions",
+                "_last_observations",
+                "_last_actions",
+            ):
+                _unflatten(data, name, getattr(buffer, name))
+            buffer._restore(data)
+        return buffer
+
+    @classmethod
+    def _load_options(cls, data: Any) -> dict[str, Any]:
+        return {}
+
+    def _restore(self, data: Any) -> None:
+        pass
+
+    def _rows(self, env_ids: Sequence[int] | np.ndarray | None) -> Any:
+        if env_ids is None:
+            return np.arange(self.num_envs)
+        rows = np.asarray(env_ids, dtype=np.int64)
+        if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= self.num_envs)):
+            raise ValueError(f"env_ids must be ids in 0..{self.num_envs - 1}, got {env_ids!r}")
+        return rows
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Proportional prioritized replay (Schaul et al., 2016) on a numpy sum-tree.
+
+    A transition is drawn with probability ``p_i ** alpha / sum_k p_k ** alpha``; new
+    transitions get the highest priority seen so far, so each is replayed at least
+    once soon. Samples carry importance-sampling ``weights``
+    ``(N * P(i)) ** -beta`` scaled so that the largest possible is 1, with ``beta``
+    annealed linearly from ``beta`` to 1 over ``beta_steps`` calls to :meth:`sample`.
+    Sampling and updating cost O(batch_size * log(capacity)).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        *,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        beta_steps: int = 100_000,
+        epsilon: float = 1e-6,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(capacity, observation_space, action_space, **kwargs)
+        if alpha < 0 or not 0 <= beta <= 1:
+            raise ValueError(f"need alpha >= 0 and 0 <= beta <= 1, got {alpha}, {beta}")
+        self.alpha, self.beta_start, self.beta_steps = float(alpha), float(beta), int(beta_steps)
+        self.epsilon = float(epsilon)
+        self.samples_drawn = 0
+        self.max_priority = 1.0
+        self._leaves = 1 << max(int(np.ceil(np.log2(self.capacity))), 0)
+        self._sums = np.zeros(2 * self._leaves, dtype=np.float64)
+        self._mins = np.full(2 * self._leaves, np.inf, dtype=np.float64)
+
+    @property
+    def beta(self) -> float:
+        """The current importance-sampling exponent (annealed towards 1)."""
+        progress = min(self.samples_drawn / max(self.beta_steps, 1), 1.0)
+        return self.beta_start + progress * (1.0 - self.beta_start)
+
+    def _inserted_slots(self, slots: np.ndarray) -> None:
+        self._set(slots, np.full(len(slots), self.max_priority**self.alpha))
+
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        """Set the priorities of the sampled transitions ``indices`` (e.g. their TD
+        errors' magnitudes); priorities must be finite and non-negative."""
+        indices = np.asarray(indices, dtype=np.int64)
+        priorities = np.abs(np.asarray(priorities, dtype=np.float64)).reshape(-1)
+        if indices.shape != priorities.shape:
+            raise ValueError(
+                f"{len(indices)} indices but {len(priorities)} priorities: give one each"
+            )
+        if not np.isfinite(priorities).all():
+            raise ValueError("priorities must be finite (a NaN TD error would poison the tree)")
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            raise ValueError(f"indices must be in 0..{len(self) - 1}")
+        priorities = priorities + self.epsilon
+        self.max_priority = max(self.max_priority, float(priorities.max(initial=0.0)))
+        self._set(indices, priorities**self.alpha)
+
+    def _set(self, slots: np.ndarray, values: np.ndarray) -> None:
+        nodes = slots + self._leaves
+        self._sums[nodes] = values
+        self._mins[nodes] = values
+        nodes = np.unique(nodes >> 1)
+        while nodes.size and nodes[0] >= 1:
+            self._sums[nodes] = self._sums[2 * nodes] + self._sums[2 * nodes + 1]
+            self._mins[nodes] = np.minimum(self._mins[2 * nodes], self._mins[2 * nodes + 1])
+            if nodes[0] == 1:
+                break
+            nodes = np.unique(nodes >> 1)
+
+    def sample(
+        self,
+        batch_size: int,
+        rng: np.random.Generator | int | None = None,
+        device: Any = None,
+    ) -> Sample:
+        """``batch_size`` transitions drawn in proportion to their priorities (one from
+        each of ``batch_size`` equal slices of the total), with their weights."""
+        if len(self) == 0:
+            raise ValueError("the replay buffer is empty: add transitions before sampling")
+        generator = np.random.default_rng(rng)
+        total = self._sums[1]
+        targets = (np.arange(batch_size) + generator.random(batch_size)) * (total / batch_size)
+        slots = self._descend(targets)
+        probabilities = self._sums[slots + self._leaves] / total
+        beta = self.beta
+        smallest = self._mins[1] / total
+        weights = (probabilities / smallest) ** -beta  # == (N P)^-beta / (N P_min)^-beta
+        self.samples_drawn += 1
+        return self._gather(slots, weights.astype(np.float32), device)
+
+    def _descend(self, targets: np.ndarray) -> np.ndarray:
+        nodes = np.ones(len(targets), dtype=np.int64)
+        targets = targets.copy()
+        while nodes[0] < self._leaves:
+            left = 2 * nodes
+            left_sums = self._sums[left]
+            go_right = targets > left_sums
+            targets -= np.where(go_right, left_sums, 0.0)
+            nodes = left + go_right
+        slots = nodes - self._leaves
+        # Rounding can land past the last stored transition: clamp to a stored one.
+        return np.minimum(slots, len(self) - 1)
+
+    def _extra_state(self) -> dict[str, np.ndarray]:
+        return {
+            "alpha": np.array(self.alpha),
+            "beta": np.array(self.beta_start),
+            "beta_steps": np.array(self.beta_steps),
+            "epsilon": np.array(self.epsilon),
+            "samples_drawn": np.array(self.samples_drawn),
+            "max_priority": np.array(self.max_priority),
+            "tree_sums": self._sums,
+            "tree_mins": self._mins,
+        }
+
+    @classmethod
+    def _load_options(cls, data: Any) -> dict[str, Any]:
+        return {
+            "alpha": float(data["alpha"]),
+            "beta": float(data["beta"]),
+            "beta_steps": int(data["beta_steps"]),
+            "epsilon": float(data["epsilon"]),
+        }
+
+    def _restore(self, data: Any) -> None:
+        self.samples_drawn = int(data["samples_drawn"])
+        self.max_priority = float(data["max_priority"])
+        self._sums[...] = data["tree_sums"]
+        self._mins[...] = data["tree_mins"]
+
+
+def to_torch(value: Any, device: Any = None) -> Any:
+    """``value`` (arrays, nested in dicts, tuples or a :class:`Sample`) as torch tensors.
+
+    Without ``device`` (or with ``"cpu"`` for arrays already in memory) the tensors share
+    memory with the arrays (``torch.from_numpy``, no copy): a view of
+    ``VecEnv.step``'s observations with ``copy=False`` sees every later step. With a
+    device, each array is moved in one copy. torch is imported only here.
+    """
+    import torch
+
+    def convert(item: Any) -> Any:
+        if isinstance(item, np.ndarray):
+            tensor = torch.from_numpy(item if item.flags.writeable else item.copy())
+            return tensor if device is None else tensor.to(device, non_blocking=True)
+        if isinstance(item, Sample):
+            return Sample(*(convert(field) for field in item[:-1]), item.indices)
+        if isinstance(item, dict):
+            return {key: convert(sub) for key, sub in item.items()}
+        if isinstance(item, tuple):
+            return tuple(convert(sub) for sub in item)
+        return item
+
+    return convert(value)
+
+
+def _with_final(space: spaces.Space, observations: Any, finals: Any, mask: Any) -> Any:
+    """``observations`` with the rows of ``mask`` replaced by ``final_obs``'s."""
+    rows = np.flatnonzero(mask)
+    merged = read_rows(observations, np.arange(len(mask)))  # a copy to write into
+    for row in rows:
+        write_rows(merged, [row], _stack_one(space, finals[row]))
+    return merged
+
+
+def _stack_one(space: spaces.Space, value: Any) -> Any:
+    """One observation as a batch of one row."""
+    if isinstance(space, spaces.Dict):
+        return {key: _stack_one(sub, value[key]) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_stack_one(sub, item) for sub, item in zip(space.spaces, value))
+    return np.asarray(value, dtype=space.dtype)[None]
+
+
+def _flatten(arrays: dict[str, np.ndarray], name: str, buffer: Any) -> None:
+    if isinstance(buffer, np.ndarray):
+        arrays[name] = buffer
+    elif isinstance(buffer, dict):
+        for key, sub in buffer.items():
+            _flatten(arrays, f"{name}.{key}", sub)
+    else:
+        for index, sub in enumerate(buffer):
+            _flatten(arrays, f"{name}.{index}", sub)
+
+
+def _unflatten(data: Any, name: str, buffer: Any) -> None:
+    if isinstance(buffer, np.ndarray):
+        if data[name].shape != buffer.shape:
+            raise ValueError(f"{name} has shape {data[name].shape}, expected {buffer.shape}")
+        buffer[...] = data[name]
+    elif isinstance(buffer, dict):
+        for key, sub in buffer.items():
+            _unflatten(data, f"{name}.{key}", sub)
+    else:
+        for index, sub in enumerate(buffer):
+            _unflatten(data, f"{name}.{index}", sub)

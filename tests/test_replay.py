@@ -1,0 +1,333 @@
+"""Replay buffers: transitions rebuilt from first-ready and lockstep results, every
+autoreset mode and supported space; the sum-tree's sampling law; n-step returns;
+saving and loading; torch views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+import aiovec
+from aiovec.replay import PrioritizedReplayBuffer, ReplayBuffer, to_torch
+from tests.envs import CounterEnv, SpacesEnv
+
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
+
+
+class EpisodicCounter(CounterEnv):
+    """Observation ``[env_index, count]``; episodes of ``length`` steps (terminated),
+    so every transition can be checked: ``next = obs + 1`` within an episode."""
+
+    def __init__(self, env_index: int = 0, length: int = 3) -> None:
+        super().__init__(env_index)
+        self.length = length
+
+    def step(self, action):
+        observation, reward, _, _, info = super().step(action)
+        return observation, reward, self.count >= self.length, False, info
+
+
+def _check_transitions(buffer: ReplayBuffer, lengths: dict[int, int]) -> None:
+    stored = len(buffer)
+    observations = buffer.observations[:stored]
+    next_observations = buffer.next_observations[:stored]
+    env_ids = observations[:, 0].astype(int)
+    # The next observation is always the same env's, one step later, never a reset.
+    np.testing.assert_array_equal(next_observations[:, 0], observations[:, 0])
+    np.testing.assert_array_equal(next_observations[:, 1], observations[:, 1] + 1)
+    np.testing.assert_array_equal(buffer.rewards[:stored], next_observations[:, 1])
+    expected_end = next_observations[:, 1] == np.array([lengths[i] for i in env_ids])
+    np.testing.assert_array_equal(buffer.terminations[:stored], expected_end)
+    # The action stored is the one sent from that observation (we send obs count % 2).
+    np.testing.assert_array_equal(buffer.actions[:stored], observations[:, 1].astype(int) % 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_first_ready_batches_become_exact_transitions(mode):
+    lengths = {0: 2, 1: 3, 2: 5, 3: 4}
+    env_fns = [lambda i=i: EpisodicCounter(i, lengths[i]) for i in range(4)]
+    with aiovec.VecEnv(env_fns, backend="inline", autoreset_mode=mode) as venv:
+        buffer = ReplayBuffer.for_env(venv, capacity=500)
+        assert buffer.autoreset_mode is mode
+        observations, _ = venv.reset(seed=0)
+        buffer.reset(observations)
+
+        def actions_for(observations):
+            return observations[:, 1].astype(np.int64) % 2
+
+        async def main():
+            actions = actions_for(observations)
+            buffer.sent(actions)
+            venv.send(actions)
+            rng = np.random.default_rng(0)
+            for _ in range(60):
+                batch = await venv.recv(max_envs=int(rng.integers(1, 4)))
+                ids = batch.env_ids
+                buffer.received(batch)
+                done = batch.terminations | batch.truncations
+                if mode is AutoresetMode.DISABLED and done.any():
+                    mask = np.zeros(4, dtype=bool)
+                    mask[ids[done]] = True
+                    reset_obs, _ = await venv.areset(options={"reset_mask": mask})
+                    buffer.reset(reset_obs[mask], np.flatnonzero(mask))
+                    current = batch.observations.copy()
+                    current[done] = reset_obs[ids[done]]
+                else:
+                    current = batch.observations
+                # Send in a shuffled order: rows and env ids need not be sorted.
+                order = rng.permutation(len(ids))
+                acts = actions_for(current)[order]
+                buffer.sent(acts, ids[order])
+                venv.send(acts, ids[order])
+
+        aiovec.run(main())
+    assert len(buffer) > 60
+    _check_transitions(buffer, lengths)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lockstep_results_become_exact_transitions(mode):
+    lengths = {0: 2, 1: 3}
+    env_fns = [lambda i=i: EpisodicCounter(i, lengths[i]) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend="inline", autoreset_mode=mode) as venv:
+        buffer = ReplayBuffer.for_env(venv, capacity=100)
+        observations, _ = venv.reset(seed=0)
+        buffer.reset(observations)
+        for _ in range(12):
+            actions = observations[:, 1].astype(np.int64) % 2
+            buffer.sent(actions)
+            result = venv.step(actions)
+            buffer.received(result)
+            observations, _, terminated, truncated, _ = result
+            done = terminated | truncated
+            if mode is AutoresetMode.DISABLED and done.any():
+                observations, _ = venv.reset(options={"reset_mask": done})
+                buffer.reset(observations[done], np.flatnonzero(done))
+    assert len(buffer) >= 15  # 24 results, less the autoresets (NEXT_STEP)
+    _check_transitions(buffer, lengths)
+
+
+SPACES = {
+    "box": spaces.Box(-1, 1, (3,), np.float32),
+    "discrete": spaces.Discrete(5),
+    "multidiscrete": spaces.MultiDiscrete([3, 4]),
+    "multibinary": spaces.MultiBinary(4),
+    "dict": spaces.Dict({"a": spaces.Box(0, 1, (2,)), "b": spaces.Discrete(3)}),
+    "tuple": spaces.Tuple([spaces.Discrete(2), spaces.Box(-1, 1, (2, 2))]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_every_supported_space_round_trips(name, tmp_path):
+    space = SPACES[name]
+    env_fns = [lambda: SpacesEnv(observation_space=space, action_space=space)] * 3
+    with aiovec.VecEnv(env_fns, backend="inline") as venv:
+        buffer = ReplayBuffer.for_env(venv, capacity=64)
+        observations, _ = venv.reset(seed=1)
+        buffer.reset(observations)
+        sent, received = [], []
+        for _ in range(5):
+            actions = venv.action_space.sample()
+            buffer.sent(actions)
+            result = venv.step(actions)
+            buffer.received(result)
+            sent.append(actions)
+            received.append(result)
+    assert len(buffer) >= 5
+    sample = buffer.sample(16, rng=0)
+    for field in (sample.observations, sample.next_observations):
+        rows = aiovec.replay.read_rows(field, np.arange(16))
+        for i in range(16):
+            assert space.contains(_row(rows, i))
+    for i in range(16):
+        assert space.contains(_row(sample.actions, i))
+    # Saved and loaded, the buffer samples the same transitions.
+    buffer.save(tmp_path / "buffer.npz")
+    loaded = ReplayBuffer.load(tmp_path / "buffer.npz", space, space)
+    assert len(loaded) == len(buffer)
+    again = loaded.sample(16, rng=0)
+    _assert_tree_equal(again.observations, sample.observations)
+    _assert_tree_equal(again.actions, sample.actions)
+    np.testing.assert_array_equal(again.rewards, sample.rewards)
+
+
+def _row(batch, i):
+    if isinstance(batch, dict):
+        return {key: _row(value, i) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_row(value, i) for value in batch)
+    return batch[i]
+
+
+def _assert_tree_equal(a, b):
+    if isinstance(a, dict):
+        for key in a:
+            _assert_tree_equal(a[key], b[key])
+    elif isinstance(a, tuple):
+        for x, y in zip(a, b):
+            _assert_tree_equal(x, y)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+def _transitions(count: int, env_ids=None):
+    observations = np.arange(count, dtype=np.float32)[:, None].repeat(2, axis=1)
+    return dict(
+        observations=observations,
+        actions=np.zeros(count, dtype=np.int64),
+        rewards=np.ones(count, dtype=np.float32),
+        next_observations=observations + 1,
+        terminations=np.zeros(count, dtype=bool),
+        truncations=np.zeros(count, dtype=bool),
+        env_ids=env_ids,
+    )
+
+
+OBS = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+ACT = spaces.Discrete(2)
+
+
+def test_capacity_keeps_the_newest_transitions():
+    buffer = ReplayBuffer(10, OBS, ACT)
+    buffer.add(**_transitions(7))
+    buffer.add(**_transitions(25))  # more than fits at once
+    assert len(buffer) == 10
+    assert sorted(buffer.observations[:, 0].tolist()) == list(range(15, 25))
+
+
+def test_n_step_returns_follow_each_env_and_stop_at_episode_ends():
+    buffer = ReplayBuffer(100, OBS, ACT, num_envs=2, n_step=3, gamma=0.5)
+    # Two envs interleaved; env 0 terminates at its 2nd transition.
+    data = _transitions(6, env_ids=[0, 1, 0, 1, 0, 1])
+    data["rewards"] = np.array([1, 10, 2, 20, 4, 40], dtype=np.float32)
+    data["terminations"][2] = True
+    buffer.add(**data)
+    sample = buffer._gather(np.arange(6), np.ones(6, dtype=np.float32), None)
+    # env 0: slot 0 -> slot 2 (terminated): 1 + 0.5 * 2, no bootstrap.
+    assert sample.rewards[0] == pytest.approx(2.0)
+    assert sample.discounts[0] == 0.0 and sample.terminations[0]
+    # env 1: slots 1 -> 3 -> 5: 10 + 0.5 * 20 + 0.25 * 40, bootstrapped by 0.5 ** 3.
+    assert sample.rewards[1] == pytest.approx(30.0)
+    assert sample.discounts[1] == pytest.approx(0.125)
+    np.testing.assert_array_equal(sample.next_observations[1], data["next_observations"][5])
+    # env 0's slot 4 starts a new episode: one step, then nothing follows yet.
+    assert sample.rewards[4] == pytest.approx(4.0)
+    assert sample.discounts[4] == pytest.approx(0.5)
+
+
+def test_n_step_links_die_with_overwritten_slots():
+    buffer = ReplayBuffer(4, OBS, ACT, num_envs=2, n_step=4, gamma=1.0)
+    buffer.add(**_transitions(3, env_ids=[0, 0, 1]))
+    buffer.add(**_transitions(3, env_ids=[1, 1, 1]))  # wraps: env 0's slots 0, 1 go
+    sample = buffer._gather(np.arange(4), np.ones(4, dtype=np.float32), None)
+    # No transition reaches into env 0's overwritten slots or beyond its env's data.
+    assert sample.rewards.max() <= 4
+
+
+def test_prioritized_sampling_matches_priorities():
+    buffer = PrioritizedReplayBuffer(8, OBS, ACT, alpha=1.0, beta=1.0)
+    buffer.add(**_transitions(8))
+    priorities = np.array([1, 2, 3, 4, 0, 0, 5, 1], dtype=np.float64)
+    buffer.update_priorities(np.arange(8), priorities)
+    rng = np.random.default_rng(0)
+    counts = np.zeros(8)
+    draws = 0
+    for _ in range(400):
+        sample = buffer.sample(64, rng=rng)
+        np.add.at(counts, sample.indices, 1)
+        draws += 64
+    expected = (priorities + buffer.epsilon) / (priorities + buffer.epsilon).sum()
+    # Within 5 standard deviations of a binomial for every slot.
+    spread = 5 * np.sqrt(draws * expected * (1 - expected)) + 1
+    assert np.all(np.abs(counts - draws * expected) <= spread), counts
+    assert counts[4] == 0 and counts[5] == 0  # ~zero priority: (almost) never drawn
+
+
+def test_prioritized_weights_and_beta_annealing():
+    buffer = PrioritizedReplayBuffer(4, OBS, ACT, alpha=1.0, beta=0.5, beta_steps=10)
+    buffer.add(**_transitions(4))
+    buffer.update_priorities(np.arange(4), np.array([1.0, 1.0, 2.0, 4.0]))
+    sample = buffer.sample(100, rng=1)
+    weights = dict(zip(sample.indices.tolist(), sample.weights.tolist()))
+    # The least likely transition has weight 1; others (p_min / p) ** beta.
+    assert max(sample.weights) == pytest.approx(1.0)
+    assert weights[3] == pytest.approx((1 / 4) ** 0.5, rel=1e-4)
+    for _ in range(20):
+        buffer.sample(4, rng=2)
+    assert buffer.beta == 1.0
+
+
+def test_new_transitions_get_the_highest_priority():
+    buffer = PrioritizedReplayBuffer(16, OBS, ACT, alpha=1.0)
+    buffer.add(**_transitions(4))
+    buffer.update_priorities(np.arange(4), np.array([0.1, 0.1, 0.1, 9.0]))
+    buffer.add(**_transitions(1))
+    assert buffer._sums[buffer._leaves + 4] == pytest.approx(9.0 + buffer.epsilon)
+
+
+def test_bad_priorities_are_refused():
+    buffer = PrioritizedReplayBuffer(8, OBS, ACT)
+    buffer.add(**_transitions(4))
+    with pytest.raises(ValueError, match="finite"):
+        buffer.update_priorities(np.array([0]), np.array([np.nan]))
+    with pytest.raises(ValueError, match="indices"):
+        buffer.update_priorities(np.array([6]), np.array([1.0]))
+    with pytest.raises(ValueError, match="2 indices but 1 priorities"):
+        buffer.update_priorities(np.array([0, 1]), np.array([1.0]))
+
+
+def test_prioritized_buffer_saves_and_loads(tmp_path):
+    buffer = PrioritizedReplayBuffer(32, OBS, ACT, alpha=0.7, num_envs=2, n_step=2)
+    buffer.add(**_transitions(20, env_ids=[i % 2 for i in range(20)]))
+    buffer.update_priorities(np.arange(20), np.linspace(0.1, 3, 20))
+    buffer.sample(8, rng=0)
+    buffer.save(tmp_path / "per.npz")
+    loaded = PrioritizedReplayBuffer.load(tmp_path / "per.npz", OBS, ACT)
+    assert loaded.alpha == 0.7 and loaded.samples_drawn == 1 and loaded.n_step == 2
+    first, second = buffer.sample(8, rng=5), loaded.sample(8, rng=5)
+    np.testing.assert_array_equal(first.indices, second.indices)
+    np.testing.assert_allclose(first.weights, second.weights)
+    np.testing.assert_allclose(first.rewards, second.rewards)
+    with pytest.raises(ValueError, match="PrioritizedReplayBuffer, not a ReplayBuffer"):
+        ReplayBuffer.load(tmp_path / "per.npz", OBS, ACT)
+
+
+def test_bad_input_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="capacity"):
+        ReplayBuffer(0, OBS, ACT)
+    with pytest.raises(TypeError, match="no fixed-size array form"):
+        ReplayBuffer(8, spaces.Text(4), ACT)
+    buffer = ReplayBuffer(8, OBS, ACT, num_envs=2)
+    with pytest.raises(ValueError, match="empty"):
+        buffer.sample(1)
+    with pytest.raises(RuntimeError, match="buffer.reset"):
+        buffer.received(
+            (np.zeros((2, 2), np.float32), np.zeros(2), np.zeros(2, bool), np.zeros(2, bool), {})
+        )
+    with pytest.raises(ValueError, match="env_ids"):
+        buffer.sent(np.zeros(1, dtype=np.int64), [5])
+
+
+torch = pytest.importorskip("torch")
+
+
+def test_torch_views_share_memory_with_the_result_buffers():
+    with aiovec.VecEnv([CounterEnv] * 2, backend="inline", copy=False) as venv:
+        observations, _ = venv.reset(seed=0)
+        view = to_torch(observations)
+        assert isinstance(view, torch.Tensor)
+        venv.step(np.zeros(2, dtype=np.int64))
+        # The same memory: the view sees the step's results without a copy.
+        assert view[:, 1].tolist() == [1.0, 1.0]
+        assert view.data_ptr() == observations.__array_interface__["data"][0]
+
+
+def test_sample_on_a_device_returns_tensors():
+    buffer = ReplayBuffer(16, OBS, ACT)
+    buffer.add(**_transitions(8))
+    sample = buffer.sample(4, rng=0, device="cpu")
+    assert isinstance(sample.observations, torch.Tensor)
+    assert sample.observations.shape == (4, 2)
+    assert isinstance(sample.indices, np.ndarray)
