@@ -36,7 +36,7 @@ def bench(args: argparse.Namespace) -> int:
     counts = [int(n) for n in args.num_envs.split(",")] if args.num_envs else [None]
     selected = []
     for key in keys:
-        if key.lower() == "memory":
+        if key.lower() in ("memory", "replay"):
             continue
         for count in counts:
             selected += workloads.workload(key, count, args.env_id, args.ray)
@@ -51,10 +51,19 @@ def bench(args: argparse.Namespace) -> int:
             results.append(suite.run_workload(workload, args.seconds, args.repeats, describe))
         if any(key.lower() == "memory" for key in keys):
             memory = suite.run_memory(progress=describe)
+        replay = None
+        if any(key.lower() == "replay" for key in keys):
+            from aiovec.bench.replay import run_replay
+
+            replay = run_replay(args.seconds, args.repeats, describe)
     sections = [report.machine_table(machine)]
     sections += [report.workload_table(result) for result in results]
     if memory:
         sections.append(report.memory_table(memory))
+    if replay:
+        from aiovec.bench.replay import replay_table
+
+        sections.append(replay_table(replay))
     text = "\n\n".join(sections) + "\n"
     print(text)
     (out / "results.md").write_text(text)
@@ -62,6 +71,20 @@ def bench(args: argparse.Namespace) -> int:
     if results and not args.no_plots:
         written += report.plot(results, out)
     data = report.to_json(results, memory, machine)
+    if replay:
+        data["replay"] = [
+            {
+                "name": entry.name,
+                "insert_per_s": entry.insert_rate,
+                "samples_per_s": entry.sample_rate,
+                "samples_with_updates_per_s": (
+                    statistics.median(entry.sample_update_rates)
+                    if entry.sample_update_rates
+                    else None
+                ),
+            }
+            for entry in replay
+        ]
     if args.json:
         report.write_json(Path(args.json), data)
         written.append(Path(args.json))
@@ -150,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workloads",
         default=DEFAULT_WORKLOADS,
         help="comma-separated: W1 (CartPole), W2 (no-op overhead), W3 (IO latency), "
-        "W4 (CPU latency), W5 (large observations), W6 (async envs, 1000 by default), "
-        "memory (default: %(default)s)",
+        "W4 (CPU latency), W5 (large observations), W6 (async envs at 1,000 and 10,000), "
+        "memory, replay (replay-buffer insert/sample rates) (default: %(default)s)",
     )
     bench_parser.add_argument("--env-id", default=None, help="env id for W1 (default CartPole-v1)")
     bench_parser.add_argument("--num-envs", default=None, help="comma-separated env counts")

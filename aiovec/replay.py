@@ -331,9 +331,9 @@ class ReplayBuffer:
         return indices
 
     def _gather(self, slots: np.ndarray, weights: np.ndarray, device: Any) -> Sample:
-        rewards = self.rewards[slots].astype(np.float32)
-        terminations = self.terminations[slots].copy()
-        truncations = self.truncations[slots].copy()
+        rewards = self.rewards.take(slots)
+        terminations = self.terminations.take(slots)
+        truncations = self.truncations.take(slots)
         discounts = np.full(len(slots), self.gamma, dtype=np.float32)
         last = slots
         if self.n_step > 1:
@@ -347,11 +347,11 @@ class ReplayBuffer:
                     break
                 scale[step] *= self.gamma
                 following = successor[step]
-                rewards[step] += scale[step] * self.rewards[following]
+                rewards[step] += scale[step] * self.rewards.take(following)
                 last = last.copy()
                 last[step] = following
-                terminations[step] = self.terminations[following]
-                truncations[step] = self.truncations[following]
+                terminations[step] = self.terminations.take(following)
+                truncations[step] = self.truncations.take(following)
                 discounts[step] *= self.gamma
                 alive = step & ~(terminations | truncations)
         discounts[terminations] = 0.0
@@ -511,7 +511,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return self.beta_start + progress * (1.0 - self.beta_start)
 
     def _inserted_slots(self, slots: np.ndarray) -> None:
-        self._set(slots, np.full(len(slots), self.max_priority**self.alpha))
+        # New slots are one run, or two where the ring wraps: updated level by level
+        # with slices, much cheaper than scattered nodes.
+        value = self.max_priority**self.alpha
+        breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+        runs = np.split(slots, breaks) if breaks.size else [slots]
+        for run in runs:
+            if len(run):
+                self._set_run(int(run[0]), len(run), value)
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
         """Set the priorities of the sampled transitions ``indices`` (e.g. their TD
@@ -531,16 +538,33 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._set(indices, priorities**self.alpha)
 
     def _set(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """Set leaves ``slots`` to ``values`` and recompute their ancestors. Repeated
+        nodes are recomputed more than once to the same value, which costs less
+        than removing the repeats at every level."""
+        sums, mins = self._sums, self._mins
         nodes = slots + self._leaves
-        self._sums[nodes] = values
-        self._mins[nodes] = values
-        nodes = np.unique(nodes >> 1)
-        while nodes.size and nodes[0] >= 1:
-            self._sums[nodes] = self._sums[2 * nodes] + self._sums[2 * nodes + 1]
-            self._mins[nodes] = np.minimum(self._mins[2 * nodes], self._mins[2 * nodes + 1])
-            if nodes[0] == 1:
+        sums[nodes] = values
+        mins[nodes] = values
+        nodes = nodes >> 1
+        while True:
+            left = nodes << 1
+            sums[nodes] = sums.take(left) + sums.take(left + 1)
+            mins[nodes] = np.minimum(mins.take(left), mins.take(left + 1))
+            if nodes[0] <= 1:  # every node is on the same level: this was the root
                 break
-            nodes = np.unique(nodes >> 1)
+            nodes >>= 1
+
+    def _set_run(self, first: int, count: int, value: float) -> None:
+        """Set the ``count`` leaves from slot ``first`` on to ``value``."""
+        sums, mins = self._sums, self._mins
+        low, high = first + self._leaves, first + count - 1 + self._leaves
+        sums[low : high + 1] = value
+        mins[low : high + 1] = value
+        while low > 1:
+            low, high = low >> 1, high >> 1
+            left, right = slice(2 * low, 2 * high + 2, 2), slice(2 * low + 1, 2 * high + 2, 2)
+            np.add(sums[left], sums[right], out=sums[low : high + 1])
+            np.minimum(mins[left], mins[right], out=mins[low : high + 1])
 
     def sample(
         self,
@@ -568,7 +592,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         targets = targets.copy()
         while nodes[0] < self._leaves:
             left = 2 * nodes
-            left_sums = self._sums[left]
+            left_sums = self._sums.take(left)
             go_right = targets > left_sums
             targets -= np.where(go_right, left_sums, 0.0)
             nodes = left + go_right

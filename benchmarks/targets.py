@@ -82,6 +82,11 @@ def memory(data: dict, prefix: str) -> float | None:
     return min(entries) if entries else None
 
 
+def replay(data: dict, name: str, key: str) -> float | None:
+    entry = next((r for r in data.get("replay") or [] if r["name"] == name), None)
+    return None if entry is None else entry[key]
+
+
 def speedup_per_step(data: dict, workload: str, ours: str, theirs: str) -> float | None:
     """How many times faster ``ours`` is than ``theirs`` (same vector-step rate basis)."""
     return ratio(rate(data, workload, ours), rate(data, workload, theirs))
@@ -120,6 +125,15 @@ TARGETS = [
     Target("W3: VecEnv(fns) default lockstep >= Async",
            lambda d: speedup_per_step(d, "W3", "aiovec VecEnv(fns) default (lockstep", ASYNC),
            1.0),
+    # Issue #16: replay buffers at 1M capacity, CartPole transitions, batches of 256.
+    Target("replay: uniform insert >= 1M transitions/s",
+           lambda d: replay(d, "aiovec ReplayBuffer", "insert_per_s"), 1_000_000),
+    Target("replay: uniform sample >= 20k batches of 256/s",
+           lambda d: replay(d, "aiovec ReplayBuffer", "samples_per_s"), 20_000),
+    Target("replay: prioritized insert >= 1M transitions/s",
+           lambda d: replay(d, "aiovec PrioritizedReplayBuffer", "insert_per_s"), 1_000_000),
+    Target("replay: prioritized sample >= 2k batches of 256/s",
+           lambda d: replay(d, "aiovec PrioritizedReplayBuffer", "samples_per_s"), 2_000),
     # Earlier targets, kept as regression guards.
     Target("W1 8 envs: process backend >= 6x Async",
            lambda d: ratio(rate(d, "W1-8", "aiovec process"), rate(d, "W1-8", ASYNC)), 6.0),

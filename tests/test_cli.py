@@ -72,3 +72,16 @@ def test_unknown_workload_is_an_error(tmp_path):
     result = run_cli("bench", "--workloads", "W9", "--quiet", cwd=tmp_path)
     assert result.returncode != 0
     assert "unknown workload 'W9'" in result.stderr
+
+
+def test_bench_replay_workload(tmp_path):
+    result = run_cli(
+        "bench", "--workloads", "replay", "--seconds", "0.02", "--repeats", "1",
+        "--out", str(tmp_path / "out"), "--no-plots", "--quiet", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| aiovec PrioritizedReplayBuffer |" in result.stdout
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    names = {entry["name"]: entry for entry in data["replay"]}
+    assert names["aiovec ReplayBuffer"]["insert_per_s"] > 0
+    assert names["aiovec PrioritizedReplayBuffer"]["samples_with_updates_per_s"] > 0
