@@ -18,6 +18,21 @@ CASES = {
         ["--total-timesteps", "1024", "--num-envs", "4", "--num-steps", "64"],
         "done: average return",
     ),
+    "dqn_first_ready.py": (
+        [
+            "--total-timesteps",
+            "3000",
+            "--learning-starts",
+            "500",
+            "--eval-every",
+            "1500",
+            "--eval-episodes",
+            "2",
+            "--buffer-size",
+            "5000",
+        ],
+        "done: ",
+    ),  # fmt: skip
     "sb3_ppo.py": (["--total-timesteps", "512", "--num-envs", "2"], "mean return"),
     "ray_cluster.py": (["--seconds", "0.5", "--num-envs", "4"], "first-ready on backend='ray'"),
     "tcp_simulator.py": (
