@@ -33,6 +33,22 @@ CASES = {
         ],
         "done: ",
     ),  # fmt: skip
+    "population.py": (
+        [
+            "--iterations",
+            "2",
+            "--exploit-every",
+            "1",
+            "--members",
+            "2",
+            "--envs-per-member",
+            "2",
+            "--episodes-per-iteration",
+            "2",
+        ],
+        "exploit: member",
+    ),  # fmt: skip
+    "curriculum.py": (["--seconds", "2", "--num-envs", "4", "--check-every", "0.2"], "done: "),
     "sb3_ppo.py": (["--total-timesteps", "512", "--num-envs", "2"], "mean return"),
     "ray_cluster.py": (["--seconds", "0.5", "--num-envs", "4"], "first-ready on backend='ray'"),
     "tcp_simulator.py": (
