@@ -233,6 +233,31 @@ class ReplayBuffer:
             np.asarray(truncations, dtype=np.bool_),
         )
 
+    def add_chunk(self, chunk: Any) -> None:
+        """Add a :class:`aiovec.TransitionAssembler` chunk (``(envs, length, ...)``
+        fields), linked per env for n-step returns."""
+        num_envs, length = np.asarray(chunk.rewards).shape[:2]
+        # Time-major rows keep each env's transitions in order, interleaved across envs.
+        env_ids = np.tile(np.asarray(chunk.env_ids), length)
+
+        def rows(field: Any) -> Any:
+            if isinstance(field, dict):
+                return {key: rows(value) for key, value in field.items()}
+            if isinstance(field, tuple):
+                return tuple(rows(value) for value in field)
+            array = np.asarray(field)
+            return np.swapaxes(array, 0, 1).reshape(num_envs * length, *array.shape[2:])
+
+        self.add(
+            rows(chunk.observations),
+            rows(chunk.actions),
+            rows(chunk.rewards),
+            rows(chunk.next_observations),
+            rows(chunk.terminations),
+            rows(chunk.truncations),
+            env_ids=env_ids,
+        )
+
     def _insert(
         self,
         env_ids: np.ndarray | None,

@@ -331,3 +331,31 @@ def test_sample_on_a_device_returns_tensors():
     assert isinstance(sample.observations, torch.Tensor)
     assert sample.observations.shape == (4, 2)
     assert isinstance(sample.indices, np.ndarray)
+
+
+def test_transition_assembler_chunks_go_in_linked_per_env():
+    with aiovec.VecEnv(
+        [lambda i=i: EpisodicCounter(i, 50) for i in range(3)], backend="inline"
+    ) as venv:
+        assembler = aiovec.TransitionAssembler(3)
+        observations, _ = venv.reset(seed=0)
+        assembler.reset(observations)
+        for _ in range(4):
+            actions = observations[:, 1].astype(np.int64) % 2
+            assembler.sent(actions)
+            observations, rewards, terminated, truncated, infos = venv.step(actions)
+            assembler.received(
+                aiovec.Batch(observations, rewards, terminated, truncated, infos, np.arange(3))
+            )
+        chunk = assembler.take(4)
+    buffer = ReplayBuffer(64, venv.single_observation_space, venv.single_action_space,
+                          num_envs=3, n_step=4, gamma=1.0)  # fmt: skip
+    buffer.add_chunk(chunk)
+    assert len(buffer) == 12
+    _check_transitions(buffer, {0: 50, 1: 50, 2: 50})
+    # Each env's first transition reaches 4 steps ahead through its own links.
+    stored = buffer.observations
+    first = [int(np.flatnonzero((stored[:, 0] == i) & (stored[:, 1] == 0))[0]) for i in range(3)]
+    sample = buffer._gather(np.array(first), np.ones(3, dtype=np.float32), None)
+    np.testing.assert_array_equal(sample.rewards, [1 + 2 + 3 + 4] * 3)
+    np.testing.assert_array_equal(sample.next_observations[:, 1], [4, 4, 4])
