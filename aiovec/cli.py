@@ -124,39 +124,59 @@ def tune(args: argparse.Namespace) -> int:
             options = dict(config)
             num_envs = options.pop("num_envs")
             describe(f"tune {args.env_id}: {num_envs} envs, {options}")
-            rate = _measure(aiovec, args.env_id, num_envs, options, args.seconds, args.repeats)
-            rows.append((rate, num_envs, config))
+            rate, window = _measure(
+                aiovec, args.env_id, num_envs, options, args.seconds, args.repeats
+            )
+            rows.append((rate, num_envs, config, window))
     rows.sort(key=lambda row: row[0], reverse=True)
-    print("| steps/s (median) | num_envs | backend | num_workers | inline_envs |")
-    print("|---|---|---|---|---|")
-    for rate, num_envs, config in rows:
+    # From VecEnv.stats() over the timed windows: aiovec's own cost per env-step in this
+    # process, and how much of the time this process waited for workers.
+    print(
+        "| steps/s (median) | num_envs | backend | num_workers | inline_envs "
+        "| aiovec us/env-step | waiting |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for rate, num_envs, config, window in rows:
+        waiting = window.wait_time / window.elapsed if window.elapsed else 0.0
         print(
             f"| {rate:,.0f} | {num_envs} | {config['backend']} "
-            f"| {config.get('num_workers', '-')} | {config.get('inline_envs', '-')} |"
+            f"| {config.get('num_workers', '-')} | {config.get('inline_envs', '-')} "
+            f"| {window.per_env_step()['agent']:.1f} | {waiting:.0%} |"
         )
-    rate, num_envs, config = rows[0]
+    rate, num_envs, config, window = rows[0]
     call = f'aiovec.make("{args.env_id}", num_envs={num_envs}, backend="{config["backend"]}"'
     for option in ("num_workers", "inline_envs"):
         if option in config:
             call += f", {option}={config[option]}"
     print(f"\nrecommended on this machine ({rate:,.0f} steps/s):\n    {call})")
+    waiting = window.wait_time / window.elapsed if window.elapsed else 0.0
+    if waiting > 0.3:
+        print(
+            f"this process waits {waiting:.0%} of the time for its workers: giving it a "
+            "share of the envs (inline_envs=) or more envs per worker may pay"
+        )
     return 0
 
 
-def _measure(aiovec: Any, env_id: str, num_envs: int, options: dict, seconds: float, repeats: int):
+def _measure(
+    aiovec: Any, env_id: str, num_envs: int, options: dict, seconds: float, repeats: int
+) -> tuple[float, Any]:
+    """Median steps/s over ``repeats`` windows, and ``VecEnv.stats()`` over them."""
     with aiovec.make(env_id, num_envs, **options) as envs:
         envs.reset(seed=0)
         envs.action_space.seed(0)
         actions = [envs.action_space.sample() for _ in range(8)]
         rates = []
         for window in range(repeats + 1):  # the first window warms up
+            if window == 1:
+                before = envs.stats()
             steps, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
                 envs.step(actions[steps % len(actions)])
                 steps += 1
             if window:
                 rates.append(steps * num_envs / (time.perf_counter() - start))
-    return statistics.median(rates)
+        return statistics.median(rates), envs.stats() - before
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -66,6 +66,10 @@ def test_tune_recommends_a_call(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert 'aiovec.make("aiovec/NoOp-v0", num_envs=' in result.stdout
+    # Each configuration's aiovec cost and waiting share come from VecEnv.stats().
+    assert "| aiovec us/env-step | waiting |" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "%" in line]
+    assert rows and all(float(row.split("|")[6]) >= 0 for row in rows)
 
 
 def test_unknown_workload_is_an_error(tmp_path):

@@ -53,14 +53,35 @@ def test_auto_backend_follows_the_cost_of_a_step():
         "aiovec/VariableLatency-v0",
         8,
         env_kwargs={"mean_step_time": 0.002, "sigma": 0.1, "mode": "busy"},
-    ) as venv:  # CPU-bound and expensive: split between cores - 1 workers and this process
+    ) as venv:  # CPU-bound, a step dearer than a round trip: a worker per core, no
+        # share for this process (stepping it would keep the agent from the workers'
+        # results for a whole env step: first-ready stalls)
         cores = os.cpu_count() or 1
         if cores == 1:
             assert venv.backend == "inline"
         else:
             assert venv.backend == "process"
-            assert venv.num_workers == min(8, cores) - 1
-            assert venv.inline_envs == 8 // min(8, cores)
+            assert venv.num_workers == min(8, cores)
+            assert venv.inline_envs == 0
+
+
+def test_auto_backend_shares_cheap_cpu_bound_envs_with_this_process():
+    """Envs cheaper than a round trip but many: cores - 1 workers and a local share."""
+    from aiovec._auto import IPC_ROUND_TRIP, choose_backend
+
+    cores = os.cpu_count() or 1
+    chosen = choose_backend(
+        partial(VariableLatencyEnv, mean_step_time=IPC_ROUND_TRIP / 3, sigma=0.1, mode="busy"),
+        64,
+    )
+    if cores == 1:
+        assert chosen == {"backend": "inline"}
+    else:
+        assert chosen == {
+            "backend": "process",
+            "num_workers": min(64, cores) - 1,
+            "inline_envs": 64 // min(64, cores),
+        }
 
 
 def test_auto_backend_for_async_envs_uses_one_loop_per_core_for_thousands():
