@@ -4,6 +4,8 @@ Run N copies of a Gymnasium environment as one batched ``gymnasium.vector.Vector
 stepped in lockstep or first-ready from asyncio.
 """
 
+from importlib import metadata as _metadata
+
 from gymnasium.vector import AutoresetMode
 
 from aiovec._loop import new_event_loop, run
@@ -30,7 +32,10 @@ from aiovec.errors import (
 from aiovec.replay import PrioritizedReplayBuffer, ReplayBuffer, Sample, to_torch
 from aiovec.vector_env import Batch, VecEnv
 
-__version__ = "0.1.0"
+try:  # the version is written once, in pyproject.toml
+    __version__ = _metadata.version("aiovec")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 register_envs()
 

@@ -3,7 +3,7 @@
 Every target is a ratio between figures measured in the same run (never an absolute
 time), so it means the same on a noisy machine. Usage:
 
-    aiovec bench --workloads W1,W2,W3,W4,W5,W6,memory --repeats 5 --out bench-results
+    aiovec bench --workloads W1,W2,W3,W4,W5,W6,memory,replay --repeats 5 --out bench-results
     python benchmarks/targets.py bench-results/results.json
 
 Prints one line per target with the measured figure and PASS/MISS; exits 0 either way
