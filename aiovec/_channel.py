@@ -12,6 +12,10 @@ import socket
 import struct
 import time
 from multiprocessing.reduction import recvfds, sendfds
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiovec._spin import SpinPolicy
 
 HEADER = struct.Struct("<I")
 _CHUNK = 1 << 16
@@ -103,12 +107,9 @@ class Channel:
         will return: the socket may no longer look readable to a selector."""
         return bool(self._pending)
 
-    def receive(self, spin: float = 0.0) -> bytes:
-        """Block until the next frame arrives, first polling for up to ``spin`` seconds.
-
-        Polling keeps this process on its core, so a frame arriving soon is read without
-        the cost of a wake-up from sleep (tens of microseconds across cores). It only
-        pays when a core is idle anyway.
+    def receive(self, spin: SpinPolicy | None = None) -> bytes:
+        """Block until the next frame arrives, first polling for as long as ``spin``
+        allows (see :class:`~aiovec._spin.SpinPolicy`: only while polling pays).
 
         Raises:
             EOFError: the other end closed before a whole frame arrived.
@@ -117,9 +118,12 @@ class Channel:
             frame = self._next_frame()
             if frame is not None:
                 return frame
-            chunk = self._poll(spin) if spin else None
+            seconds = spin.begin() if spin is not None else 0.0
+            chunk = self._poll(seconds) if seconds else None
             if chunk is None:
                 chunk = self.sock.recv(_CHUNK)
+            if spin is not None:
+                spin.end()
             if not chunk:
                 self.eof = True
                 raise EOFError("the other end of the channel closed")

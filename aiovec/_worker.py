@@ -41,6 +41,7 @@ from aiovec._protocol import (
     encode_reply,
     undecodable_reply,
 )
+from aiovec._spin import SpinPolicy
 from aiovec._threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 
@@ -134,10 +135,11 @@ def _serve(connection: Channel, host: EnvHost, spin: float, measure: bool) -> bo
     ``measure``, until the envs' steps turn out to mostly wait (returns True: serve them
     concurrently from now on)."""
     receive, send = connection.receive, connection.send
+    spin_policy = SpinPolicy(spin)
     step_times: dict[int, float] = {}
     wall = cpu = 0.0
     while True:
-        command = decode_command(receive(spin))
+        command = decode_command(receive(spin_policy))
         if isinstance(command, Close):
             return False
         failed = undecodable_reply(command)

@@ -39,6 +39,7 @@ from aiovec._protocol import (
     encode,
     wire_command,
 )
+from aiovec._spin import SpinPolicy
 from aiovec._worker import worker_main
 from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit, WorkerGone
 from aiovec.errors import FactoryPicklingError, StartupTimeoutError, WorkerCrashedError
@@ -139,6 +140,7 @@ class ProcessBackend(Backend):
         if spin is None:  # poll briefly only while every process can have a core of its own
             spin = DEFAULT_SPIN if num_workers < cores else 0.0
         self.spin = spin
+        self._spin_policy = SpinPolicy(spin)  # spins only while spinning pays
         self.groups = [
             group.tolist() for group in np.array_split(np.arange(remote_envs), num_workers)
         ]
@@ -444,9 +446,12 @@ class ProcessBackend(Backend):
                         events = select.POLLIN | (select.POLLOUT if worker in self._unsent else 0)
                         self._poller.register(self._connections[worker].fileno(), events)
                         self._poller.register(self._processes[worker].sentinel, select.POLLIN)
-            events = self._spin_poll() if self.spin else []
+            spin = self._spin_policy.begin()
+            events = self._spin_poll(spin) if spin else []
             if not events:
                 events = self._poller.poll(None if timeout is None else timeout * 1000)
+            if events:
+                self._spin_policy.end()
             for fd, mask in events:
                 worker = self._worker_of_fd[fd]
                 if worker not in self._dead:
@@ -458,8 +463,8 @@ class ProcessBackend(Backend):
         messages, self._inbox = self._inbox, []
         return messages
 
-    def _spin_poll(self) -> list[tuple[int, int]]:
-        deadline = time.perf_counter() + self.spin
+    def _spin_poll(self, seconds: float) -> list[tuple[int, int]]:
+        deadline = time.perf_counter() + seconds
         poll = self._poller.poll
         while time.perf_counter() < deadline:
             events = poll(0)
