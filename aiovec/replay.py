@@ -125,6 +125,7 @@ class ReplayBuffer:
         self._last_observations = create_empty_array(observation_space, num_envs, fn=np.zeros)
         self._last_actions = create_empty_array(action_space, num_envs, fn=np.zeros)
         self._has_observation = np.zeros(num_envs, dtype=np.bool_)
+        self._has_action = np.zeros(num_envs, dtype=np.bool_)
         self._after_end = np.zeros(num_envs, dtype=np.bool_)
         self._last_slot = np.full(num_envs, -1, dtype=np.int64)
         self._last_stamp = np.full(num_envs, -1, dtype=np.int64)
@@ -154,7 +155,15 @@ class ReplayBuffer:
 
     def sent(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Record the actions sent to ``env_ids`` (default: all, in order)."""
-        write_rows(self._last_actions, self._rows(env_ids), actions)
+        rows = self._rows(env_ids)
+        count = len(np.asarray(_first_leaf(actions)))
+        if count != len(rows):
+            raise ValueError(
+                f"{count} actions for {len(rows)} env ids: give one action per env id, "
+                "in the same order as passed to send()"
+            )
+        write_rows(self._last_actions, rows, actions)
+        self._has_action[rows] = True
 
     def received(self, result: Any) -> int:
         """Add the transitions completed by ``result``: an :class:`aiovec.Batch` from
@@ -181,6 +190,12 @@ class ReplayBuffer:
         if self.autoreset_mode is not AutoresetMode.NEXT_STEP:
             makes_transition[:] = True
         rows = np.flatnonzero(makes_transition)
+        unsent = env_ids[rows][~self._has_action[env_ids[rows]]]
+        if unsent.size:
+            raise RuntimeError(
+                f"envs {unsent.tolist()} returned results for which no action was recorded: "
+                "call buffer.sent(actions, env_ids) with what you pass to send()/step()"
+            )
         next_observations = observations
         final_mask = infos.get("_final_obs") if isinstance(infos, dict) else None
         if final_mask is not None and np.any(final_mask):
@@ -201,6 +216,7 @@ class ReplayBuffer:
                 truncations[rows],
             )
         write_rows(self._last_observations, env_ids, observations)
+        self._has_action[env_ids] = False  # each action completes one result
         ended = terminations | truncations
         self._after_end[env_ids] = ended
         self._last_slot[env_ids[ended]] = -1  # no link across an episode boundary
@@ -415,6 +431,7 @@ class ReplayBuffer:
             "successors",
             "stamps",
             "_has_observation",
+            "_has_action",
             "_after_end",
             "_last_slot",
             "_last_stamp",
@@ -460,6 +477,7 @@ class ReplayBuffer:
                 "successors",
                 "stamps",
                 "_has_observation",
+                "_has_action",
                 "_after_end",
                 "_last_slot",
                 "_last_stamp",
@@ -676,6 +694,13 @@ def to_torch(value: Any, device: Any = None) -> Any:
         return item
 
     return convert(value)
+
+
+def _first_leaf(batch: Any) -> Any:
+    """The first array of a (possibly Dict/Tuple-nested) batch."""
+    while isinstance(batch, (dict, tuple)) and not isinstance(batch, np.ndarray):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    return batch
 
 
 def _with_final(space: spaces.Space, observations: Any, finals: Any, mask: Any) -> Any:

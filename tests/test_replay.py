@@ -359,3 +359,17 @@ def test_transition_assembler_chunks_go_in_linked_per_env():
     sample = buffer._gather(np.array(first), np.ones(3, dtype=np.float32), None)
     np.testing.assert_array_equal(sample.rewards, [1 + 2 + 3 + 4] * 3)
     np.testing.assert_array_equal(sample.next_observations[:, 1], [4, 4, 4])
+
+
+def test_results_without_a_recorded_action_are_refused():
+    buffer = ReplayBuffer(16, OBS, ACT, num_envs=2)
+    buffer.reset(np.zeros((2, 2), np.float32))
+    buffer.sent(np.zeros(1, dtype=np.int64), [0])  # env 1's action was never recorded
+    batch = aiovec.Batch(
+        np.ones((2, 2), np.float32), np.ones(2), np.zeros(2, bool), np.zeros(2, bool), {},
+        np.array([0, 1]),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"envs \[1\].*buffer.sent"):
+        buffer.received(batch)
+    with pytest.raises(ValueError, match="3 actions for 2 env ids"):
+        buffer.sent(np.zeros(3, dtype=np.int64), [0, 1])
