@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_WORKLOADS,
         help="comma-separated: W1 (CartPole), W2 (no-op overhead), W3 (IO latency), "
         "W4 (CPU latency), W5 (large observations), W6 (async envs at 1,000 and 10,000), "
-        "memory, replay (replay-buffer insert/sample rates) (default: %(default)s)",
+        "spin (spinning next to a busy process), memory, replay (replay-buffer insert/sample "
+        "rates) (default: %(default)s)",
     )
     bench_parser.add_argument("--env-id", default=None, help="env id for W1 (default CartPole-v1)")
     bench_parser.add_argument("--num-envs", default=None, help="comma-separated env counts")

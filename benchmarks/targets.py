@@ -3,7 +3,7 @@
 Every target is a ratio between figures measured in the same run (never an absolute
 time), so it means the same on a noisy machine. Usage:
 
-    aiovec bench --workloads W1,W2,W3,W4,W5,W6,memory,replay --repeats 5 --out bench-results
+    aiovec bench --workloads W1,W2,W3,W4,W5,W6,spin,memory,replay --repeats 5 --out bench-results
     python benchmarks/targets.py bench-results/results.json
 
 Prints one line per target with the measured figure and PASS/MISS; exits 0 either way
@@ -118,6 +118,10 @@ TARGETS = [
            lambda d: speedup_per_step(d, "W5", "aiovec inline copy", f"{SYNC} copy"), 1.0),
     Target("W6 10000 envs: aiovec (coroutine or async envs in workers) >= 50,000 steps/s",
            lambda d: rate(d, "W6-10000", "aiovec"), 50_000),
+    Target("spin: with a busy neighbour, spinning (default) no slower than spin=0",
+           lambda d: ratio(per_step_us(d, "spin", "aiovec process (spin default)", 1),
+                           per_step_us(d, "spin", "aiovec process (spin=0)", 1)),
+           1.0, higher_is_better=False),
     # Issue #12: blocking envs that wait, under the AsyncVectorEnv replacement's defaults.
     Target("W3: VecEnv(fns) default first-ready >= 0.9 of ideal",
            lambda d: ratio(rate(d, "W3", "aiovec VecEnv(fns) default (first-ready"),

@@ -89,3 +89,17 @@ def test_bench_replay_workload(tmp_path):
     names = {entry["name"]: entry for entry in data["replay"]}
     assert names["aiovec ReplayBuffer"]["insert_per_s"] > 0
     assert names["aiovec PrioritizedReplayBuffer"]["samples_with_updates_per_s"] > 0
+
+
+def test_bench_spin_workload_runs_beside_a_busy_process(tmp_path):
+    result = run_cli(
+        "bench", "--workloads", "spin", "--seconds", "0.05", "--repeats", "1",
+        "--out", str(tmp_path / "out"), "--no-plots", "--quiet", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| aiovec process (spin=0) |" in result.stdout
+    # The busy neighbour is gone with the run.
+    leftover = subprocess.run(
+        ["pgrep", "-f", "while True: pass"], capture_output=True, text=True
+    ).stdout.split()
+    assert not leftover

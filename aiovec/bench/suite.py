@@ -7,6 +7,8 @@ everyone alike, and each figure is the median over windows.
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +70,20 @@ def run_workload(
     workload: Workload, seconds: float, repeats: int, progress: Progress = print
 ) -> WorkloadResult:
     """Median throughput of every contender of ``workload``, measured in the same run."""
+    neighbour = None
+    if workload.busy_neighbour:
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        return _run_workload(workload, seconds, repeats, progress)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+
+
+def _run_workload(
+    workload: Workload, seconds: float, repeats: int, progress: Progress
+) -> WorkloadResult:
     contenders = workload.contenders()
     results = {c.name: ContenderResult(c.name, c.library, []) for c in contenders}
     cpu = {c.name: [0.0, 0] for c in contenders}

@@ -50,6 +50,8 @@ class Workload:
     ideal: float | None = None
     bytes_per_step: int = 0
     measure_memory: bool = False  # report memory per env
+    #: Keep one extra process busy-looping for the whole workload (a noisy neighbour).
+    busy_neighbour: bool = False
     settle: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -156,6 +158,40 @@ def _latency_workload(
         contenders=contenders,
         ideal=ideal,
         settle=25 * mean,
+    )
+
+
+def spin_with_busy_neighbour() -> Workload:
+    """One no-op env in one worker, lockstep, while another process keeps a core busy:
+    the process backend's default (spinning allowed: fewer workers than cores) against
+    ``spin=0``. Spinning must never make a step slower than sleeping would."""
+    env_fn = _make("aiovec/NoOp-v0")
+
+    def contenders() -> list[Contender]:
+        common = {"env_fn": env_fn, "num_envs": 1}
+        return [
+            GymnasiumLockstep(
+                "aiovec process (spin default)",
+                "aiovec",
+                partial(aiovec.VecEnv, [env_fn], backend="process"),
+                **common,
+            ),
+            GymnasiumLockstep(
+                "aiovec process (spin=0)",
+                "aiovec",
+                partial(aiovec.VecEnv, [env_fn], backend="process", spin=0.0),
+                **common,
+            ),
+        ]
+
+    return Workload(
+        key="spin",
+        title="Spinning next to a busy process: no-op env, 1 env, 1 worker, lockstep",
+        env_fn=env_fn,
+        num_envs=1,
+        contenders=contenders,
+        metric="us/step",
+        busy_neighbour=True,
     )
 
 
@@ -272,6 +308,10 @@ def workload(
         return [w4(num_envs or 8)]
     if key == "W5":
         return [w5(num_envs or 8)]
+    if key == "SPIN":
+        return [spin_with_busy_neighbour()]
     if key == "W6":
         return [w6(n) for n in ([num_envs] if num_envs else [1000, 10000])]
-    raise ValueError(f"unknown workload {key!r}: choose from W1, W2, W3, W4, W5, W6, memory")
+    raise ValueError(
+        f"unknown workload {key!r}: choose from W1, W2, W3, W4, W5, W6, spin, memory, replay"
+    )
