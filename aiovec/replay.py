@@ -29,6 +29,26 @@ from aiovec._spaces import is_shareable, read_rows, write_rows
 
 #: Version of the ``.npz`` layout written by :meth:`ReplayBuffer.save`.
 FORMAT_VERSION = 1
+#: What :meth:`ReplayBuffer.save` writes: plain arrays, and batches laid out from a space.
+_SAVED_ARRAYS = (
+    "rewards",
+    "terminations",
+    "truncations",
+    "successors",
+    "stamps",
+    "_has_observation",
+    "_has_action",
+    "_after_end",
+    "_last_slot",
+    "_last_stamp",
+)
+_SAVED_BATCHES = (
+    "observations",
+    "next_observations",
+    "actions",
+    "_last_observations",
+    "_last_actions",
+)
 
 
 class Sample(NamedTuple):
@@ -424,22 +444,10 @@ class ReplayBuffer:
             "gamma": np.array(self.gamma),
             "inserted": np.array(self.inserted),
         }
-        for name in (
-            "rewards",
-            "terminations",
-            "truncations",
-            "successors",
-            "stamps",
-            "_has_observation",
-            "_has_action",
-            "_after_end",
-            "_last_slot",
-            "_last_stamp",
-        ):
+        for name in _SAVED_ARRAYS:
             arrays[name] = getattr(self, name)
-        for name in ("observations", "next_observations", "actions", "_last_observations"):
+        for name in _SAVED_BATCHES:
             _flatten(arrays, name, getattr(self, name))
-        _flatten(arrays, "_last_actions", self._last_actions)
         arrays.update(self._extra_state())
         np.savez(path, **arrays)
 
@@ -470,29 +478,12 @@ class ReplayBuffer:
                 **cls._load_options(data),
             )
             buffer.inserted = int(data["inserted"])
-            for name in (
-                "rewards",
-                "terminations",
-                "truncations",
-                "successors",
-                "stamps",
-                "_has_observation",
-                "_has_action",
-                "_after_end",
-                "_last_slot",
-                "_last_stamp",
-            ):
+            for name in _SAVED_ARRAYS:
                 target = getattr(buffer, name)
                 if data[name].shape != target.shape:
                     raise ValueError(f"{path}: {name} has shape {data[name].shape}")
                 target[...] = data[name]
-            for name in (
-                "observations",
-                "next_observations",
-                "actions",
-                "_last_observations",
-                "_last_actions",
-            ):
+            for name in _SAVED_BATCHES:
                 _unflatten(data, name, getattr(buffer, name))
             buffer._restore(data)
         return buffer
