@@ -141,11 +141,18 @@ class TransitionAssembler:
         """Turn a batch of results into transitions."""
         final_observations = batch.infos.get("final_obs")
         final_mask = batch.infos.get("_final_obs")
+        restarted_mask = batch.infos.get("_restarted")
         for row, env_id in enumerate(batch.env_ids.tolist()):
             observation = _row(batch.observations, row)
             if self._after_end[env_id] and self.autoreset_mode is AutoresetMode.NEXT_STEP:
                 self._after_end[env_id] = False  # the autoreset: a new episode starts here
                 self._observation[env_id] = observation
+                continue
+            if restarted_mask is not None and restarted_mask[row]:
+                # A rebuilt env (on_failure="restart") answers with its new episode's first
+                # observation (truncated=True): no transition from the old env into it.
+                self._observation[env_id] = observation
+                self._after_end[env_id] = True
                 continue
             terminated, truncated = bool(batch.terminations[row]), bool(batch.truncations[row])
             next_observation = observation

@@ -25,7 +25,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import create_empty_array
 
-from aiovec._spaces import is_shareable, read_rows, write_rows
+from aiovec._spaces import batch_checker, is_shareable, read_rows, write_rows
 
 #: Version of the ``.npz`` layout written by :meth:`ReplayBuffer.save`.
 FORMAT_VERSION = 1
@@ -146,6 +146,7 @@ class ReplayBuffer:
         self._last_actions = create_empty_array(action_space, num_envs, fn=np.zeros)
         self._has_observation = np.zeros(num_envs, dtype=np.bool_)
         self._has_action = np.zeros(num_envs, dtype=np.bool_)
+        self._check_actions = batch_checker(action_space)
         self._after_end = np.zeros(num_envs, dtype=np.bool_)
         self._last_slot = np.full(num_envs, -1, dtype=np.int64)
         self._last_stamp = np.full(num_envs, -1, dtype=np.int64)
@@ -168,6 +169,12 @@ class ReplayBuffer:
     def reset(self, observations: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Record the observations of a reset of ``env_ids`` (default: all, in order)."""
         rows = self._rows(env_ids)
+        count = len(np.asarray(_first_leaf(observations)))
+        if count != len(rows):
+            raise ValueError(
+                f"{count} observations for {len(rows)} env ids: give the reset observations "
+                "of exactly these envs, in the same order"
+            )
         write_rows(self._last_observations, rows, observations)
         self._has_observation[rows] = True
         self._after_end[rows] = False
@@ -176,13 +183,9 @@ class ReplayBuffer:
     def sent(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Record the actions sent to ``env_ids`` (default: all, in order)."""
         rows = self._rows(env_ids)
-        count = len(np.asarray(_first_leaf(actions)))
-        if count != len(rows):
-            raise ValueError(
-                f"{count} actions for {len(rows)} env ids: give one action per env id, "
-                "in the same order as passed to send()"
-            )
-        write_rows(self._last_actions, rows, actions)
+        # The vector env's own checks: shape per env, dtype, Discrete ranges.
+        checked, _ = self._check_actions(actions, len(rows))
+        write_rows(self._last_actions, rows, checked)
         self._has_action[rows] = True
 
     def received(self, result: Any) -> int:
@@ -209,6 +212,9 @@ class ReplayBuffer:
         makes_transition = ~self._after_end[env_ids]
         if self.autoreset_mode is not AutoresetMode.NEXT_STEP:
             makes_transition[:] = True
+        # A rebuilt env (on_failure="restart") answers with its new first observation.
+        restarted = _info_mask(infos, "restarted", len(env_ids))
+        makes_transition &= ~restarted
         rows = np.flatnonzero(makes_transition)
         unsent = env_ids[rows][~self._has_action[env_ids[rows]]]
         if unsent.size:
@@ -237,9 +243,10 @@ class ReplayBuffer:
             )
         write_rows(self._last_observations, env_ids, observations)
         self._has_action[env_ids] = False  # each action completes one result
+        # A restart answers truncated=True: with NEXT_STEP its next result is a reset too.
         ended = terminations | truncations
         self._after_end[env_ids] = ended
-        self._last_slot[env_ids[ended]] = -1  # no link across an episode boundary
+        self._last_slot[env_ids[ended | restarted]] = -1  # no link across episodes
         return added
 
     def add(
@@ -449,7 +456,8 @@ class ReplayBuffer:
         for name in _SAVED_BATCHES:
             _flatten(arrays, name, getattr(self, name))
         arrays.update(self._extra_state())
-        np.savez(path, **arrays)
+        with open(path, "wb") as file:  # exactly this path: np.savez would append .npz
+            np.savez(file, **arrays)
 
     def _extra_state(self) -> dict[str, np.ndarray]:
         return {}
@@ -498,9 +506,18 @@ class ReplayBuffer:
     def _rows(self, env_ids: Sequence[int] | np.ndarray | None) -> Any:
         if env_ids is None:
             return np.arange(self.num_envs)
-        rows = np.asarray(env_ids, dtype=np.int64)
-        if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= self.num_envs)):
+        given = np.asarray(env_ids)
+        if given.dtype == np.bool_:
+            raise TypeError(
+                "env_ids is a boolean mask; pass the ids it selects: np.flatnonzero(mask)"
+            )
+        if given.ndim != 1 or (given.size and given.dtype.kind not in "iu"):
+            raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
+        rows = given.astype(np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_envs):
             raise ValueError(f"env_ids must be ids in 0..{self.num_envs - 1}, got {env_ids!r}")
+        if len(np.unique(rows)) != len(rows):
+            raise ValueError(f"env_ids contain duplicates: {rows.tolist()}")
         return rows
 
 
@@ -557,7 +574,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
         """Set the priorities of the sampled transitions ``indices`` (e.g. their TD
         errors' magnitudes); priorities must be finite and non-negative."""
-        indices = np.asarray(indices, dtype=np.int64)
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         priorities = np.abs(np.asarray(priorities, dtype=np.float64)).reshape(-1)
         if indices.shape != priorities.shape:
             raise ValueError(
@@ -567,6 +584,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError("priorities must be finite (a NaN TD error would poison the tree)")
         if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
             raise ValueError(f"indices must be in 0..{len(self) - 1}")
+        if not indices.size:
+            return
         priorities = priorities + self.epsilon
         self.max_priority = max(self.max_priority, float(priorities.max(initial=0.0)))
         self._set(indices, priorities**self.alpha)
@@ -612,11 +631,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError("the replay buffer is empty: add transitions before sampling")
         generator = np.random.default_rng(rng)
         total = self._sums[1]
-        targets = (np.arange(batch_size) + generator.random(batch_size)) * (total / batch_size)
-        slots = self._descend(targets)
+        if batch_size:
+            segment = total / batch_size  # one draw from each of batch_size equal slices
+            slots = self._descend((np.arange(batch_size) + generator.random(batch_size)) * segment)
+        else:
+            slots = np.zeros(0, dtype=np.int64)
         probabilities = self._sums[slots + self._leaves] / total
         beta = self.beta
         smallest = self._mins[1] / total
+        if smallest <= 0:  # a zero priority (epsilon=0): scale by this batch's largest
+            smallest = probabilities.min(initial=np.inf)
         weights = (probabilities / smallest) ** -beta  # == (N P)^-beta / (N P_min)^-beta
         self.samples_drawn += 1
         return self._gather(slots, weights.astype(np.float32), device)
@@ -674,17 +698,31 @@ def to_torch(value: Any, device: Any = None) -> Any:
 
     def convert(item: Any) -> Any:
         if isinstance(item, np.ndarray):
-            tensor = torch.from_numpy(item if item.flags.writeable else item.copy())
+            if item.dtype == object:  # e.g. final_obs: nothing torch can hold, left as is
+                return item
+            if not item.flags.writeable or any(stride < 0 for stride in item.strides):
+                item = np.ascontiguousarray(item) if item.flags.writeable else item.copy()
+            tensor = torch.from_numpy(item)
             return tensor if device is None else tensor.to(device, non_blocking=True)
         if isinstance(item, Sample):
             return Sample(*(convert(field) for field in item[:-1]), item.indices)
         if isinstance(item, dict):
             return {key: convert(sub) for key, sub in item.items()}
         if isinstance(item, tuple):
-            return tuple(convert(sub) for sub in item)
+            converted = [convert(sub) for sub in item]
+            return type(item)(*converted) if hasattr(item, "_fields") else tuple(converted)
         return item
 
     return convert(value)
+
+
+def _info_mask(infos: Any, key: str, count: int) -> np.ndarray:
+    """Rows whose info has ``key`` set to True (Gymnasium's vector format: ``_key``)."""
+    if not isinstance(infos, dict) or key not in infos:
+        return np.zeros(count, dtype=np.bool_)
+    values = np.asarray(infos[key])
+    mask = np.asarray(infos.get(f"_{key}", np.ones(count, dtype=np.bool_)), dtype=np.bool_)
+    return mask & (values == True)  # noqa: E712 -- elementwise, values may be objects
 
 
 def _first_leaf(batch: Any) -> Any:

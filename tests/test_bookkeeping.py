@@ -130,3 +130,25 @@ def test_episode_statistics_match_record_episode_statistics():
         ]
     envs.close()
     assert actual == expected and len(actual) > 5
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_assembler_makes_no_transition_across_a_restart(mode):
+    import aiovec
+    from tests.faulty import FaultyEnv
+
+    env_fns = [lambda i=i: FaultyEnv(i, at_step=3 if i == 0 else 10**9) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend="inline", on_failure="restart", autoreset_mode=mode) as v:
+        assembler = aiovec.TransitionAssembler(2, mode)
+        observations, _ = v.reset(seed=0)
+        assembler.reset(observations)
+        for _ in range(6 if mode == "NextStep" else 5):
+            actions = np.zeros(2, dtype=np.int64)
+            assembler.sent(actions)
+            observations, rewards, terminated, truncated, infos = v.step(actions)
+            assembler.received(
+                aiovec.Batch(observations, rewards, terminated, truncated, infos, np.arange(2))
+            )
+    chunk = assembler.take(4, env_ids=[0])
+    counts = chunk.observations[0, :, 1], chunk.next_observations[0, :, 1]
+    np.testing.assert_array_equal(counts[1], counts[0] + 1)  # never old env -> new env

@@ -371,5 +371,84 @@ def test_results_without_a_recorded_action_are_refused():
     )  # fmt: skip
     with pytest.raises(RuntimeError, match=r"envs \[1\].*buffer.sent"):
         buffer.received(batch)
-    with pytest.raises(ValueError, match="3 actions for 2 env ids"):
+    with pytest.raises(ValueError, match=r"expected shape \(2,\)"):
         buffer.sent(np.zeros(3, dtype=np.int64), [0, 1])
+
+
+@pytest.mark.parametrize("mode", MODES[:2])
+def test_a_restarted_env_makes_no_transition_into_its_new_episode(mode):
+    from tests.faulty import FaultyEnv
+
+    env_fns = [lambda i=i: FaultyEnv(i, at_step=3 if i == 0 else 10**9) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend="inline", on_failure="restart", autoreset_mode=mode) as v:
+        buffer = ReplayBuffer.for_env(v, capacity=100)
+        observations, _ = v.reset(seed=0)
+        buffer.reset(observations)
+        # Each built env fails at its 3rd step: stop before the rebuilt one does.
+        for _ in range(6 if mode is AutoresetMode.NEXT_STEP else 5):
+            actions = np.zeros(2, dtype=np.int64)
+            buffer.sent(actions)
+            buffer.received(v.step(actions))
+        assert v.restart_counts[0] == 1
+    stored = len(buffer)
+    env0 = buffer.observations[:stored, 0] == 0
+    # Every transition of env 0 goes one count up: none from the old env into the new.
+    np.testing.assert_array_equal(
+        buffer.next_observations[:stored][env0, 1], buffer.observations[:stored][env0, 1] + 1
+    )
+    # 2 steps before the failing 3rd, 2 after the rebuild (which answered truncated=True:
+    # with NEXT_STEP the result after it is an autoreset, no transition either).
+    assert env0.sum() == 4
+
+
+def test_env_ids_must_be_distinct_integers():
+    buffer = ReplayBuffer(8, OBS, ACT, num_envs=3)
+    with pytest.raises(TypeError, match="flatnonzero"):
+        buffer.reset(np.zeros((3, 2), np.float32), np.array([True, True, True]))
+    with pytest.raises(ValueError, match="duplicates"):
+        buffer.reset(np.zeros((2, 2), np.float32), [1, 1])
+
+
+def test_actions_are_checked_against_the_action_space():
+    buffer = ReplayBuffer(8, OBS, spaces.Box(-1, 1, (3,)), num_envs=2)
+    with pytest.raises(ValueError, match="shape"):
+        buffer.sent(np.zeros((2, 1), np.float32))
+    discrete = ReplayBuffer(8, OBS, ACT, num_envs=2)
+    with pytest.raises(ValueError, match="outside"):
+        discrete.sent(np.array([7, -3]))
+    with pytest.raises(TypeError, match="integers"):
+        discrete.sent(np.array([0.5, 1.0]))
+    with pytest.raises(TypeError, match="scalar"):
+        discrete.sent(np.int64(1))
+    with pytest.raises(ValueError, match="3 observations for 2 env ids"):
+        discrete.reset(np.zeros((3, 2), np.float32))
+
+
+def test_save_and_load_use_the_exact_path(tmp_path):
+    buffer = ReplayBuffer(8, OBS, ACT)
+    buffer.add(**_transitions(3))
+    buffer.save(tmp_path / "buffer")  # no .npz suffix added behind the caller's back
+    assert (tmp_path / "buffer").exists()
+    assert len(ReplayBuffer.load(tmp_path / "buffer", OBS, ACT)) == 3
+
+
+def test_prioritized_edge_cases():
+    buffer = PrioritizedReplayBuffer(8, OBS, ACT, epsilon=0.0)
+    buffer.add(**_transitions(4))
+    assert len(buffer.sample(0, rng=0).indices) == 0
+    buffer.update_priorities(np.array([], dtype=np.int64), np.array([]))
+    buffer.update_priorities(np.arange(4), np.array([0.0, 1.0, 2.0, 4.0]))
+    sample = buffer.sample(64, rng=0)
+    assert np.all(np.isfinite(sample.weights)) and sample.weights.max() == pytest.approx(1.0)
+    assert 0 not in sample.indices.tolist()
+
+
+def test_to_torch_keeps_named_tuples_and_leaves_what_torch_cannot_hold():
+    batch = aiovec.Batch(
+        np.zeros((2, 3), np.float32)[::-1], np.zeros(2), np.zeros(2, bool), np.zeros(2, bool),
+        {"final_obs": np.array([None, np.zeros(3)], dtype=object)}, np.arange(2),
+    )  # fmt: skip
+    converted = to_torch(batch)
+    assert isinstance(converted, aiovec.Batch)
+    assert isinstance(converted.observations, torch.Tensor)  # negative strides: a copy
+    assert converted.infos["final_obs"].dtype == object  # left as it is
