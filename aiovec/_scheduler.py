@@ -133,6 +133,12 @@ class Scheduler:
         self._async_thread: int | None = None  # the thread whose tasks wait here
         self._sync_lock = threading.Lock()  # held during a blocking call
         self._sync_thread: int | None = None
+        # Calls in progress (sync or async, nested or from several tasks) and their thread.
+        self._calls = 0
+        self._call_thread: int | None = None
+        self._calls_started = 0.0
+        self._waiting = 0  # tasks inside wait_until
+        self._waits_started = 0.0
 
     # --- sending ------------------------------------------------------------------------
 
@@ -216,10 +222,15 @@ class Scheduler:
             aiovec.ClosedError: the vector env was closed meanwhile.
         """
         started = time.perf_counter()
+        if not self._waiting:
+            self._waits_started = started
+        self._waiting += 1
         try:
             await self._wait_until(condition, timeout, started)
         finally:
-            self.stats.wait_time += time.perf_counter() - started
+            self._waiting -= 1
+            if not self._waiting:  # count the time any task waited once
+                self.stats.wait_time += time.perf_counter() - self._waits_started
 
     async def _wait_until(
         self, condition: Callable[[], bool], timeout: float | None, started: float
@@ -303,6 +314,33 @@ class Scheduler:
                 "to one thread (or event loop) at a time: hand results between threads "
                 "with a queue instead"
             )
+
+    def enter_call(self) -> None:
+        """A call into the vector env starts (any public method, sync or async).
+
+        Raises:
+            RuntimeError: a call from another thread is in progress (a vector env
+                belongs to one thread at a time); nothing was done.
+        """
+        thread = threading.get_ident()
+        if self._calls:
+            if thread != self._call_thread:
+                raise RuntimeError(
+                    "this vector env is being used by another thread right now; a vector "
+                    "env belongs to one thread at a time: hand work between threads with a "
+                    "queue (or loop.call_soon_threadsafe) instead"
+                )
+        else:
+            self._call_thread = thread
+            self._calls_started = time.perf_counter()
+        self._calls += 1
+
+    def exit_call(self) -> None:
+        """The call begun by :meth:`enter_call` ended (however)."""
+        self._calls -= 1
+        if not self._calls:
+            self._call_thread = None
+            self.stats.call_time += time.perf_counter() - self._calls_started
 
     def enter_sync(self) -> None:
         """Start a blocking call (waits block, see :attr:`blocking`); one thread at a time."""

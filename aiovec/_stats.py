@@ -61,6 +61,7 @@ class Stats:
     # Sums behind the means, so that differences of snapshots stay exact.
     _queue_depth_sum: int = field(default=0, repr=False)
     _queue_samples: int = field(default=0, repr=False)
+    _call_time: float = field(default=0.0, repr=False)
 
     @property
     def steps_per_second(self) -> float:
@@ -87,6 +88,9 @@ class Stats:
             if f.name not in ("step_latency", "loop_lag", "max_queue_depth", "mean_queue_depth")
         }
         samples = counters["_queue_samples"]
+        counters["agent_time"] = _agent_time(
+            counters["_call_time"], counters["wait_time"], counters["local_env_time"]
+        )
         return Stats(
             **counters,
             mean_queue_depth=counters["_queue_depth_sum"] / samples if samples else 0.0,
@@ -105,8 +109,9 @@ class StatsRecorder:
         self.commands = 0
         self.env_time = 0.0
         self.local_env_time = 0.0
-        self.call_time = 0.0  # wall time inside aiovec's calls
-        self._depth = 0  # calls in progress (a sync call drives an async one)
+        # Wall time while at least one call was in progress, and while at least one
+        # waited (each interval counted once, however many tasks overlap in it).
+        self.call_time = 0.0
         self.wait_time = 0.0
         self.queue_depth_sum = 0
         self.queue_samples = 0
@@ -119,17 +124,6 @@ class StatsRecorder:
         self._latency_seconds = [0.0] * LATENCY_WINDOW
         self._latency_weights = [0] * LATENCY_WINDOW
         self._latency_slot = 0
-
-    def begin_call(self) -> float:
-        """A call into aiovec starts; returns the token for :meth:`end_call` (calls made
-        inside a call are part of it: only the outermost one is timed)."""
-        self._depth += 1
-        return time.perf_counter() if self._depth == 1 else -1.0
-
-    def end_call(self, token: float) -> None:
-        self._depth -= 1
-        if token >= 0:
-            self.call_time += time.perf_counter() - token
 
     def record_latency(self, seconds: float, count: int) -> None:
         """``count`` env-steps took ``seconds`` from send to result."""
@@ -176,7 +170,7 @@ class StatsRecorder:
             commands=self.commands,
             env_time=self.env_time,
             local_env_time=self.local_env_time,
-            agent_time=max(self.call_time - self.wait_time - self.local_env_time, 0.0),
+            agent_time=_agent_time(self.call_time, self.wait_time, self.local_env_time),
             wait_time=self.wait_time,
             mean_queue_depth=self.queue_depth_sum / samples if samples else 0.0,
             max_queue_depth=self.max_queue_depth,
@@ -186,4 +180,10 @@ class StatsRecorder:
             worker_restarts=worker_restarts,
             _queue_depth_sum=self.queue_depth_sum,
             _queue_samples=samples,
+            _call_time=self.call_time,
         )
+
+
+def _agent_time(call_time: float, wait_time: float, local_env_time: float) -> float:
+    """aiovec's own time in this process: calls less their waits and local envs."""
+    return max(call_time - wait_time - local_env_time, 0.0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from time import perf_counter
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -51,28 +50,29 @@ BACKENDS = ("process", "inline", "coroutine", "ray")
 
 
 def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Count the time spent in ``method`` (a public call) in :meth:`VecEnv.stats`."""
+    """Mark ``method`` (a public call) as a call into the vector env: its time counts in
+    :meth:`VecEnv.stats`, and a call from a second thread meanwhile is refused."""
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
         async def timed_coroutine(self: VecEnv, *args: Any, **kwargs: Any) -> Any:
-            stats = self._scheduler.stats
-            token = stats.begin_call()
+            scheduler = self._scheduler
+            scheduler.enter_call()
             try:
                 return await method(self, *args, **kwargs)
             finally:
-                stats.end_call(token)
+                scheduler.exit_call()
 
         return timed_coroutine
 
     @functools.wraps(method)
     def timed(self: VecEnv, *args: Any, **kwargs: Any) -> Any:
-        stats = self._scheduler.stats
-        token = stats.begin_call()
+        scheduler = self._scheduler
+        scheduler.enter_call()
         try:
             return method(self, *args, **kwargs)
         finally:
-            stats.end_call(token)
+            scheduler.exit_call()
 
     return timed
 
@@ -578,7 +578,11 @@ class VecEnv(VectorEnv):
         ready-queue (the lockstep fast path)."""
         scheduler = self._scheduler
         scheduler.enter_sync()
-        started = perf_counter()  # the outermost call: no nesting to track
+        try:
+            scheduler.enter_call()
+        except BaseException:
+            scheduler.exit_sync()
+            raise
         try:
             env_ids, make_step = self._step_commands(actions, None, stream=False)
             scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
@@ -587,7 +591,7 @@ class VecEnv(VectorEnv):
             self.close(timeout=0)
             raise
         finally:
-            scheduler.stats.call_time += perf_counter() - started
+            scheduler.exit_call()
             scheduler.exit_sync()
 
     def _lockstep_results(self, env_ids: list[int]) -> tuple:
@@ -597,9 +601,14 @@ class VecEnv(VectorEnv):
         try:
             self._raise_first_error(env_ids)
         except BaseException:
-            # A lockstep step fails as a whole: drop the other results and errors.
+            # A lockstep step fails as a whole: drop the other results and errors, but
+            # count the envs that were rebuilt meanwhile (restart_counts stays true).
             scheduler.take_ready(self.num_envs)
             scheduler.errors.clear()
+            for env_id in env_ids:
+                info = scheduler.infos.pop(env_id, None)
+                if info and info.get("restarted") is True:
+                    self.restart_counts[env_id] += 1
             raise
         infos = self._collect_infos(env_ids)
         buffers = self._buffers
@@ -928,7 +937,12 @@ class VecEnv(VectorEnv):
         except BaseException:
             coroutine.close()
             raise
-        token = scheduler.stats.begin_call()
+        try:
+            scheduler.enter_call()
+        except BaseException:
+            scheduler.exit_sync()
+            coroutine.close()
+            raise
         try:
             coroutine.send(None)
         except StopIteration as finished:
@@ -937,7 +951,7 @@ class VecEnv(VectorEnv):
             self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
             raise
         finally:
-            scheduler.stats.end_call(token)
+            scheduler.exit_call()
             scheduler.exit_sync()
         coroutine.close()
         raise AssertionError("a coroutine suspended in blocking mode")

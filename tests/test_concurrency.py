@@ -172,3 +172,50 @@ def test_blocking_calls_from_two_threads_at_once_are_refused():
         assert "another thread" in str(errors[0])
         assert [o for o in outcomes if not isinstance(o, RuntimeError)] == [[1, 1]]
         assert venv.step([0, 0])[0][:, 1].tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("first", ["acall", "step"])
+def test_a_call_from_a_second_thread_while_one_runs_is_refused(first):
+    """An awaited call in one thread and a blocking call in another never run env code
+    at the same time: the second is refused with a RuntimeError, whichever comes first."""
+    import threading
+    import time
+
+    import aiovec
+    from tests.envs import CounterEnv
+
+    class Slow(CounterEnv):
+        def slow(self):
+            time.sleep(0.3)
+            return self.count
+
+    outcome = {}
+    with aiovec.VecEnv([Slow], backend="inline") as venv:
+        venv.reset(seed=0)
+
+        def awaited():
+            async def main():
+                return await venv.acall("slow")
+
+            try:
+                outcome["acall"] = aiovec.run(main())
+            except RuntimeError as exc:
+                outcome["acall"] = exc
+
+        def blocking():
+            try:
+                outcome["step"] = venv.call("slow")
+            except RuntimeError as exc:
+                outcome["step"] = exc
+
+        threads = {"acall": awaited, "step": blocking}
+        second = "step" if first == "acall" else "acall"
+        a, b = threading.Thread(target=threads[first]), threading.Thread(target=threads[second])
+        a.start()
+        time.sleep(0.1)
+        b.start()
+        a.join(10)
+        b.join(10)
+    assert not isinstance(outcome[first], Exception), outcome
+    assert isinstance(outcome[second], RuntimeError), outcome
+    assert "another thread" in str(outcome[second])

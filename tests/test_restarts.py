@@ -116,3 +116,42 @@ async def test_a_worker_that_died_between_recv_and_send(policy):
         assert sorted(batch.env_ids.tolist()) == [0, 1]
         row = batch.env_ids.tolist().index(1)
         assert batch.infos["restarted"][row]
+
+
+_STEPS = {"env 0": 0}
+
+
+class _FailsTogether(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
+    """Env 0 fails once, on its 4th step; env 1 fails on every step from the 2nd on
+    (rebuilt or not), so its failures run past max_restarts."""
+
+    def step(self, action):
+        if self.env_index == 0:
+            _STEPS["env 0"] += 1
+            if _STEPS["env 0"] == 4:
+                raise RuntimeError("env 0 diverged once")
+        elif _STEPS["env 0"] >= 2:
+            raise RuntimeError("env 1 keeps failing")
+        return super().step(action)
+
+
+def test_an_env_rebuilt_in_a_step_that_fails_is_still_counted():
+    """One env is rebuilt while another fails past max_restarts in the same step: the
+    step raises, and restart_counts still counts the rebuilt env."""
+    import numpy as np
+
+    import aiovec
+
+    _STEPS["env 0"] = 0
+    env_fns = [lambda i=i: _FailsTogether(i) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend="inline", on_failure="restart", max_restarts=1) as v:
+        v.reset(seed=0)
+        raised = 0
+        for _ in range(4):
+            try:
+                v.step(np.zeros(2, dtype=np.int64))
+            except aiovec.EnvError:
+                raised += 1
+        assert raised >= 1
+        assert v.restart_counts[0] == 1
+        assert v.stats().env_restarts == int(v.restart_counts.sum())

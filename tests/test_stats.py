@@ -139,3 +139,20 @@ def test_a_cancelled_wait_still_counts_its_time():
             return venv.stats()
 
     assert aiovec.run(main()).wait_time > 0
+
+
+def test_several_tasks_waiting_at_once_count_their_wait_once():
+    async def main() -> tuple[aiovec.Stats, aiovec.Stats]:
+        env_fns = [partial(AsyncCounterEnv, i, DELAY, episode_length=100) for i in range(4)]
+        async with aiovec.VecEnv(env_fns, backend="coroutine") as venv:
+            await venv.areset(seed=0)
+            before = venv.stats()
+            venv.send(np.zeros(4, dtype=np.int64))
+            await asyncio.gather(*(venv.recv(max_envs=1) for _ in range(4)))
+            return before, venv.stats()
+
+    before, after = aiovec.run(main())
+    window = after - before
+    assert window.env_steps == 4
+    assert 0 < window.wait_time <= window.elapsed
+    assert window.agent_time >= 0
