@@ -91,12 +91,12 @@ class ReplayBuffer:
         >>> buffer = aiovec.ReplayBuffer.for_env(envs, capacity=1000)
         >>> observations, _ = envs.reset(seed=0)
         >>> buffer.reset(observations)
-        >>> for _ in range(10):
+        >>> for _ in range(5):  # too few steps for a CartPole episode to end
         ...     actions = envs.action_space.sample()
         ...     buffer.sent(actions)
         ...     _ = buffer.received(envs.step(actions))
         >>> len(buffer)
-        40
+        20
         >>> buffer.sample(8, rng=0).observations.shape
         (8, 4)
         >>> envs.close()
@@ -147,6 +147,7 @@ class ReplayBuffer:
         self._has_observation = np.zeros(num_envs, dtype=np.bool_)
         self._has_action = np.zeros(num_envs, dtype=np.bool_)
         self._check_actions = batch_checker(action_space)
+        self._check_observations = batch_checker(observation_space, "observations")
         self._after_end = np.zeros(num_envs, dtype=np.bool_)
         self._last_slot = np.full(num_envs, -1, dtype=np.int64)
         self._last_stamp = np.full(num_envs, -1, dtype=np.int64)
@@ -175,7 +176,8 @@ class ReplayBuffer:
                 f"{count} observations for {len(rows)} env ids: give the reset observations "
                 "of exactly these envs, in the same order"
             )
-        write_rows(self._last_observations, rows, observations)
+        checked, _ = self._check_observations(observations, len(rows))
+        write_rows(self._last_observations, rows, checked)
         self._has_observation[rows] = True
         self._after_end[rows] = False
         self._last_slot[rows] = -1

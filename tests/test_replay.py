@@ -422,6 +422,8 @@ def test_actions_are_checked_against_the_action_space():
         discrete.sent(np.int64(1))
     with pytest.raises(ValueError, match="3 observations for 2 env ids"):
         discrete.reset(np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match=r"observations: expected shape \(2, 2\)"):
+        discrete.reset(np.zeros((2, 3), np.float32))
 
 
 def test_save_and_load_use_the_exact_path(tmp_path):
