@@ -69,11 +69,29 @@ class EpisodeStatistics:
         now = time.monotonic()
         finished = []
         ends = batch.terminations | batch.truncations
+        restarted = batch.infos.get("_restarted")
         for row, env_id in enumerate(batch.env_ids.tolist()):
             if self._after_end[env_id]:
                 self._after_end[env_id] = False
                 if self.autoreset_mode is AutoresetMode.NEXT_STEP:
                     continue  # the autoreset result: no step of any episode
+            if restarted is not None and restarted[row]:
+                # A rebuilt env's answer (on_failure="restart"): the old episode ended
+                # with the failure (truncated) and this result is no step of it.
+                if not np.isnan(self._started[env_id]):
+                    episode = Episode(
+                        env_id,
+                        float(self.returns[env_id]),
+                        int(self.lengths[env_id]),
+                        now - self._started[env_id],
+                        True,
+                    )
+                    finished.append(episode)
+                    self.finished.append(episode)
+                self.reset([env_id])
+                # NEXT_STEP: the answer is truncated=True, so a reset result follows.
+                self._after_end[env_id] = self.autoreset_mode is AutoresetMode.NEXT_STEP
+                continue
             if np.isnan(self._started[env_id]):
                 self._started[env_id] = now
             self.returns[env_id] += batch.rewards[row]

@@ -152,3 +152,25 @@ def test_assembler_makes_no_transition_across_a_restart(mode):
     chunk = assembler.take(4, env_ids=[0])
     counts = chunk.observations[0, :, 1], chunk.next_observations[0, :, 1]
     np.testing.assert_array_equal(counts[1], counts[0] + 1)  # never old env -> new env
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_episode_statistics_end_an_episode_at_a_restart_without_counting_it(mode):
+    import aiovec
+    from tests.faulty import FaultyEnv
+
+    env_fns = [lambda i=i: FaultyEnv(i, at_step=3 if i == 0 else 10**9) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend="inline", on_failure="restart", autoreset_mode=mode) as v:
+        statistics = EpisodeStatistics(2, mode)
+        v.reset(seed=0)
+        episodes = []
+        for _ in range(6 if mode == "NextStep" else 5):
+            observations, rewards, terminated, truncated, infos = v.step(np.zeros(2, np.int64))
+            batch = aiovec.Batch(observations, rewards, terminated, truncated, infos, np.arange(2))
+            episodes += statistics.update(batch)
+    # Env 0's first episode: its two real steps (rewards 1 and 2), cut by the failure.
+    assert [(e.env_id, e.episode_return, e.length, e.truncated) for e in episodes] == [
+        (0, 3.0, 2, True)
+    ]
+    # The rebuilt env's episode counts from its own first step.
+    assert statistics.lengths[0] == 2 and statistics.returns[0] == 3.0
