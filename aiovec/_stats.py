@@ -21,8 +21,9 @@ class Stats:
     """Counters of one vector env since it was built (see :meth:`aiovec.VecEnv.stats`).
 
     Times are seconds of wall-clock time. Subtract two snapshots (``later - earlier``)
-    for the counters of the interval between them; latency quantiles and loop lag are
-    then those of the later snapshot (they describe recent steps, not a sum).
+    for the counters of the interval between them: step-latency quantiles are then
+    those of the results that arrived in the interval (as far as the latest
+    ``LATENCY_WINDOW`` results reach), loop lag that of the later snapshot.
 
     Guarantees: ``env_steps`` counts every step result that arrived (errors included);
     ``env_time`` is what the envs' hosts spent running commands (env code plus the
@@ -49,7 +50,8 @@ class Stats:
     #: Ready-queue length when results were taken: mean and maximum.
     mean_queue_depth: float = 0.0
     max_queue_depth: int = 0
-    #: Send-to-result latency of recent env-steps (seconds), by quantile: ``p50``,
+    #: Send-to-result latency (seconds) of the latest env-steps (of the interval, for a
+    #: difference of snapshots), by quantile: ``p50``,
     #: ``p90``, ``p99``, ``max``; empty before the first step.
     step_latency: dict[str, float] = field(default_factory=dict)
     #: How long aiovec's tasks waited for the event loop when they yielded to it
@@ -62,6 +64,12 @@ class Stats:
     _queue_depth_sum: int = field(default=0, repr=False)
     _queue_samples: int = field(default=0, repr=False)
     _call_time: float = field(default=0.0, repr=False)
+    # The latest latency records, oldest first (seconds, env-steps each), and how many
+    # were ever recorded: what an interval's quantiles are computed from.
+    _latency_records: tuple[np.ndarray, np.ndarray] | None = field(
+        default=None, repr=False, compare=False
+    )
+    _latency_total: int = field(default=0, repr=False)
 
     @property
     def steps_per_second(self) -> float:
@@ -85,7 +93,14 @@ class Stats:
         counters = {
             f.name: getattr(self, f.name) - getattr(earlier, f.name)
             for f in fields(self)
-            if f.name not in ("step_latency", "loop_lag", "max_queue_depth", "mean_queue_depth")
+            if f.name
+            not in (
+                "step_latency",
+                "loop_lag",
+                "max_queue_depth",
+                "mean_queue_depth",
+                "_latency_records",
+            )
         }
         samples = counters["_queue_samples"]
         counters["agent_time"] = _agent_time(
@@ -95,9 +110,18 @@ class Stats:
             **counters,
             mean_queue_depth=counters["_queue_depth_sum"] / samples if samples else 0.0,
             max_queue_depth=self.max_queue_depth,
-            step_latency=self.step_latency,
+            step_latency=self._interval_latency(counters["_latency_total"]),
             loop_lag=self.loop_lag,
+            _latency_records=self._latency_records,
         )
+
+    def _interval_latency(self, newer: int) -> dict[str, float]:
+        """Quantiles over the ``newer`` latest latency records."""
+        if self._latency_records is None or newer <= 0:
+            return {}
+        seconds, weights = self._latency_records
+        keep = min(newer, len(seconds))
+        return _quantiles(seconds[-keep:], weights[-keep:])
 
 
 class StatsRecorder:
@@ -124,6 +148,7 @@ class StatsRecorder:
         self._latency_seconds = [0.0] * LATENCY_WINDOW
         self._latency_weights = [0] * LATENCY_WINDOW
         self._latency_slot = 0
+        self._latency_total = 0
 
     def record_latency(self, seconds: float, count: int) -> None:
         """``count`` env-steps took ``seconds`` from send to result."""
@@ -131,6 +156,7 @@ class StatsRecorder:
         self._latency_seconds[slot] = seconds
         self._latency_weights[slot] = count
         self._latency_slot = (slot + 1) % LATENCY_WINDOW
+        self._latency_total += 1
 
     def record_queue_depth(self, depth: int) -> None:
         self.queue_depth_sum += depth
@@ -145,21 +171,13 @@ class StatsRecorder:
             self.max_lag = seconds
 
     def snapshot(self, env_restarts: int, worker_restarts: int) -> Stats:
-        weights = np.array(self._latency_weights, dtype=np.float64)
-        step_latency = {}
-        if weights.any():
-            seconds = np.array(self._latency_seconds)
-            order = np.argsort(seconds)
-            seconds, cumulative = seconds[order], np.cumsum(weights[order])
-            # Weighted quantiles: the latency below which that share of env-steps fell.
-            at = np.searchsorted(cumulative, np.array([0.5, 0.9, 0.99]) * cumulative[-1])
-            p50, p90, p99 = (float(seconds[min(i, len(seconds) - 1)]) for i in at)
-            step_latency = {
-                "p50": p50,
-                "p90": p90,
-                "p99": p99,
-                "max": float(seconds[weights[order] > 0][-1]),
-            }
+        # The ring, oldest record first (the slot to write next is the oldest).
+        stored = min(self._latency_total, LATENCY_WINDOW)
+        slot = self._latency_slot
+        seconds = np.array(self._latency_seconds[slot:] + self._latency_seconds[:slot])
+        weights = np.array(self._latency_weights[slot:] + self._latency_weights[:slot])
+        seconds, weights = seconds[LATENCY_WINDOW - stored :], weights[LATENCY_WINDOW - stored :]
+        step_latency = _quantiles(seconds, weights)
         loop_lag = {}
         if self.lag_samples:
             loop_lag = {"mean": self.lag_sum / self.lag_samples, "max": self.max_lag}
@@ -181,7 +199,22 @@ class StatsRecorder:
             _queue_depth_sum=self.queue_depth_sum,
             _queue_samples=samples,
             _call_time=self.call_time,
+            _latency_records=(seconds, weights),
+            _latency_total=self._latency_total,
         )
+
+
+def _quantiles(seconds: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+    """Weighted latency quantiles: the latency below which that share of env-steps fell."""
+    weights = weights.astype(np.float64)
+    if not weights.any():
+        return {}
+    order = np.argsort(seconds)
+    seconds, weights = seconds[order], weights[order]
+    cumulative = np.cumsum(weights)
+    at = np.searchsorted(cumulative, np.array([0.5, 0.9, 0.99]) * cumulative[-1])
+    p50, p90, p99 = (float(seconds[min(i, len(seconds) - 1)]) for i in at)
+    return {"p50": p50, "p90": p90, "p99": p99, "max": float(seconds[weights > 0][-1])}
 
 
 def _agent_time(call_time: float, wait_time: float, local_env_time: float) -> float:

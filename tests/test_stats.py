@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from functools import partial
 
 import numpy as np
@@ -156,3 +157,28 @@ def test_several_tasks_waiting_at_once_count_their_wait_once():
     assert window.env_steps == 4
     assert 0 < window.wait_time <= window.elapsed
     assert window.agent_time >= 0
+
+
+def test_interval_latencies_cover_only_the_interval():
+    """A slow step before a snapshot shows in the running quantiles, not in those of a
+    later interval made of fast steps."""
+    slow = 0.05
+
+    class Slowed(CounterEnv):
+        def step(self, action):
+            if self.count == 0:
+                time.sleep(slow)
+            return super().step(action)
+
+    with aiovec.VecEnv([Slowed], backend="inline") as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros(1, dtype=np.int64))  # the slow one
+        before = venv.stats()
+        for _ in range(20):
+            venv.step(np.zeros(1, dtype=np.int64))
+        after = venv.stats()
+    assert after.step_latency["max"] >= slow  # still among the latest records
+    window = after - before
+    assert window.env_steps == 20
+    assert window.step_latency["max"] < slow  # the interval holds only fast steps
+    assert (after - after).step_latency == {}  # an empty interval has none
