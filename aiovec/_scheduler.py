@@ -520,17 +520,12 @@ class Scheduler:
         unread: its results are kept as any step's are, for the caller to take at once
         (they never enter the ready-queue, and no env changes state)."""
         reply = self.backend.execute_now(command)
-        stats, busy, count = self.stats, reply.busy, len(reply.env_ids)
-        stats.env_time += busy
-        stats.local_env_time += busy  # such a backend runs its envs in this process
+        self._count_busy(0, reply)  # such a backend's one group runs in this process
+        stats, count = self.stats, len(reply.env_ids)
         stats.commands += 1
         stats.env_steps += count
-        stats.record_latency(busy, count)
-        errors = {error.env_id: error.to_exception() for error in reply.errors or ()}
-        if reply.observations is not None:
-            for env_id, observation in zip(reply.env_ids, reply.observations):
-                self.observations[env_id] = observation
-        self._store_results(reply.env_ids, reply, None, errors)
+        stats.record_latency(reply.busy, count)
+        self._store_results(reply.env_ids, reply, None, self._read_reply(reply))
 
     def _count_busy(self, worker: int, reply: Reply) -> None:
         self.stats.env_time += reply.busy
@@ -542,11 +537,14 @@ class Scheduler:
         return next(self._sequence)
 
     def _record(self, ticket: Ticket, reply: Reply) -> None:
-        for error in reply.errors or ():
-            ticket.errors[error.env_id] = error.to_exception()
+        ticket.errors.update(self._read_reply(reply))
+
+    def _read_reply(self, reply: Reply) -> dict[int, Exception]:
+        """Keep the observations ``reply`` carries; its envs' errors, by env id."""
         if reply.observations is not None:
             for env_id, observation in zip(reply.env_ids, reply.observations):
                 self.observations[env_id] = observation
+        return {error.env_id: error.to_exception() for error in reply.errors or ()}
 
     def _mark(self, rows: slice | list[int], value: int) -> None:
         if isinstance(rows, slice):

@@ -560,10 +560,14 @@ class VecEnv(VectorEnv):
         if not infos:  # the common case for many envs: nothing to batch
             return {}
         batch = [infos.pop(i, None) or {} for i in env_ids]
-        for env_id, info in zip(env_ids, batch):
-            if info.get("restarted") is True:
-                self.restart_counts[env_id] += 1
+        self._count_restarts(env_ids, batch)
         return batch_infos(batch)
+
+    def _count_restarts(self, env_ids: list[int], infos: list[dict | None]) -> None:
+        """Count the envs whose info says they were rebuilt (``on_failure="restart"``)."""
+        for env_id, info in zip(env_ids, infos):
+            if info and info.get("restarted") is True:
+                self.restart_counts[env_id] += 1
 
     # --- shared pieces of lockstep stepping and resetting -----------------------------------
 
@@ -605,10 +609,7 @@ class VecEnv(VectorEnv):
             # count the envs that were rebuilt meanwhile (restart_counts stays true).
             scheduler.take_ready(self.num_envs)
             scheduler.errors.clear()
-            for env_id in env_ids:
-                info = scheduler.infos.pop(env_id, None)
-                if info and info.get("restarted") is True:
-                    self.restart_counts[env_id] += 1
+            self._count_restarts(env_ids, [scheduler.infos.pop(i, None) for i in env_ids])
             raise
         infos = self._collect_infos(env_ids)
         buffers = self._buffers
