@@ -27,6 +27,8 @@ from typing import Any
 
 import cloudpickle
 import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aiovec import _zygote
 from aiovec.async_env import AsyncEnv
@@ -44,19 +46,23 @@ PROBE_MAX_STEPS = 200
 
 
 def probe_step_time(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
-    """``(seconds per step, CPU share of that time)`` of one env built by ``env_fn``."""
+    """``(seconds per step, CPU share of that time)`` of one env built by ``env_fn`` (a
+    batched env: seconds per step of the whole batch)."""
     env = env_fn()
     if isinstance(env, AsyncEnv):  # nothing to time: async envs always run as coroutines
         raise _AsyncEnvFound
     try:
         env.reset(seed=0)
         env.action_space.seed(0)
+        # A batched env (gymnasium VectorEnv) resets its rows itself, unless DISABLED.
+        batched = isinstance(env, VectorEnv)
+        resets_itself = batched and env.metadata.get("autoreset_mode") != AutoresetMode.DISABLED
         steps = 0
         wall_start, cpu_start = time.perf_counter(), time.thread_time()
         while steps < PROBE_MAX_STEPS and time.perf_counter() - wall_start < PROBE_SECONDS:
             _, _, terminated, truncated, _ = env.step(env.action_space.sample())
             steps += 1
-            if terminated or truncated:
+            if not resets_itself and np.any(np.logical_or(terminated, truncated)):
                 env.reset()
         wall = time.perf_counter() - wall_start
         cpu = time.thread_time() - cpu_start
@@ -107,6 +113,41 @@ def choose_backend(
         "backend": "process",
         "num_workers": processes - 1,
         "inline_envs": num_envs // processes,
+    }
+
+
+def choose_block_layout(
+    block_fn_of: Callable[[int], Callable[[], Any]], num_envs: int, isolate: bool = False
+) -> dict[str, Any]:
+    """``VecEnv`` options (``backend``, ``num_workers``, ``inline_envs``) and
+    ``envs_per_block`` for ``num_envs`` rows of batched envs; ``block_fn_of(k)`` is a
+    factory of a batched env of ``k`` rows.
+
+    One block per core (as many as divide ``num_envs``) when a block's step costs more
+    than a cross-process round trip, else one block stepped in this process. Of one
+    block per core, this process steps the last while ``cores - 1`` workers step the
+    others (measured on 2 cores, CartPole's vector entry point at 4,096 envs: 0.58 vs
+    0.48 of one in-process vector env's rate with a worker per block; a torch model:
+    1.71 vs 1.46 M steps/s), unless ``isolate`` keeps every block out of this process.
+    """
+    cores = os.cpu_count() or 1
+    blocks = max(d for d in range(1, min(cores, num_envs) + 1) if num_envs % d == 0)
+    size = num_envs // blocks
+    if blocks == 1:
+        return {"backend": "process" if isolate else "inline", "envs_per_block": num_envs}
+    try:
+        step_time, _ = _probe(block_fn_of(size))
+    except Exception:  # the real construction reports the error, with the env's index
+        return {"backend": "process", "num_workers": blocks, "envs_per_block": size}
+    if isolate:
+        return {"backend": "process", "num_workers": blocks, "envs_per_block": size}
+    if step_time * blocks <= step_time + IPC_ROUND_TRIP:
+        return {"backend": "inline", "envs_per_block": num_envs}
+    return {
+        "backend": "process",
+        "num_workers": blocks - 1,
+        "inline_envs": size,
+        "envs_per_block": size,
     }
 
 

@@ -92,6 +92,8 @@ class EnvHost:
         max_restarts: int = 0,
     ) -> None:
         self.envs = envs
+        #: The env ids hosted, in order (a Step for all of them may travel without them).
+        self.group = list(envs)
         self.autoreset_mode = autoreset_mode
         #: Where :meth:`step_async` and :meth:`execute_async` run the envs' blocking methods
         #: (so that envs that wait overlap); ``None``: on the event loop's thread.

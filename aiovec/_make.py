@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import VectorizeMode
 
+from aiovec._auto import choose_block_layout
+from aiovec._blocks import BlockFactory
 from aiovec.vector_env import VecEnv
 
 
@@ -45,6 +49,8 @@ def make(
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
     backend: str = "auto",
     render_mode: str | None = None,
+    vectorization_mode: str | None = None,
+    envs_per_block: int | None = None,
     **options: Any,
 ) -> VecEnv:
     """Create ``num_envs`` copies of an env as one :class:`VecEnv`.
@@ -65,6 +71,23 @@ def make(
         render_mode: each env's render mode (``"rgb_array"``, ...), as in
             ``gymnasium.make_vec``: passed to ``gymnasium.make`` (or to the callable, as a
             keyword). ``venv.render()`` returns one frame per env.
+        vectorization_mode: ``None``, ``"sync"`` or ``"async"`` (the default: one env
+            per copy; the backend decides where they run), or ``"vector_entry_point"``:
+            *batched envs*, as in ``gymnasium.make_vec``. Each block of
+            ``envs_per_block`` rows is one ``gymnasium.vector.VectorEnv`` stepped in one
+            call: from the registry's vector entry point for an id (CartPole-v1 has
+            one), or ``env_id(num_envs=k, **env_kwargs)`` for a callable (your own
+            numpy/torch-vectorized env or learned model). ``env_kwargs`` is then per
+            *block* (one dict, a list with one dict per block, or a function of the
+            block index) and ``wrappers`` are vector wrappers applied to each block. See
+            :class:`VecEnv` (``envs_per_block``) for how blocks behave.
+        envs_per_block: rows per batched env (``num_envs`` must be a multiple of it);
+            implies ``vectorization_mode="vector_entry_point"``. Default with
+            ``backend="auto"``: one block per core when a block's step costs more than
+            a cross-process round trip (a short probe; this process steps the last
+            block while ``cores - 1`` workers step the others), else one block of
+            ``num_envs`` stepped in this process. ``"process"``: one block per worker
+            (of ``inline_envs`` rows, if given); ``"inline"``: one block.
         **options: passed to :class:`VecEnv` (``num_workers``, ``copy``,
             ``autoreset_mode``, ``context``, ``observation_mode``, ...).
 
@@ -92,29 +115,114 @@ def make(
         raise TypeError(
             f"env_id must be a Gymnasium id or a callable returning an env, got {env_id!r}"
         )
+    if isinstance(vectorization_mode, VectorizeMode):
+        vectorization_mode = vectorization_mode.value
+    if vectorization_mode not in (None, "sync", "async", "vector_entry_point"):
+        raise ValueError(
+            "vectorization_mode must be None, 'sync', 'async' or 'vector_entry_point', "
+            f"got {vectorization_mode!r}"
+        )
+    if envs_per_block is not None or vectorization_mode == "vector_entry_point":
+        venv = _make_batched(
+            env_id, num_envs, env_kwargs, wrappers, backend, render_mode, envs_per_block, options
+        )
+        venv.spec = spec
+        return venv
     per_env_kwargs = _per_env_kwargs(env_kwargs, num_envs)
-    if render_mode is not None:
-        for kwargs in per_env_kwargs:
-            if kwargs.setdefault("render_mode", render_mode) != render_mode:
-                raise ValueError(
-                    f"render_mode={render_mode!r} but env_kwargs has "
-                    f"render_mode={kwargs['render_mode']!r}: give it once"
-                )
+    for kwargs in per_env_kwargs:
+        _set_render_mode(kwargs, render_mode)
     factories = [EnvFactory(make_env, args, kwargs, wrappers) for kwargs in per_env_kwargs]
     venv = VecEnv(factories, backend=backend, **options)
     venv.spec = spec
     return venv
 
 
-def _per_env_kwargs(env_kwargs: Any, num_envs: int) -> list[dict[str, Any]]:
-    if env_kwargs is None or isinstance(env_kwargs, dict):
-        return [dict(env_kwargs or {}) for _ in range(num_envs)]
-    if callable(env_kwargs):
-        return [dict(env_kwargs(index)) for index in range(num_envs)]
-    kwargs = list(env_kwargs)
-    if len(kwargs) != num_envs:
+def _make_batched(
+    env_id: str | Callable[..., Any],
+    num_envs: int,
+    env_kwargs: Any,
+    wrappers: Sequence[Callable[[Any], Any]],
+    backend: str,
+    render_mode: str | None,
+    envs_per_block: int | None,
+    options: dict[str, Any],
+) -> VecEnv:
+    """``make`` with ``vectorization_mode="vector_entry_point"``: a VecEnv of blocks."""
+    if isinstance(env_id, str):
+        if gym.spec(env_id).vector_entry_point is None:
+            raise ValueError(
+                f"{env_id} has no vector_entry_point in the Gymnasium registry, so it cannot "
+                "be made with vectorization_mode='vector_entry_point'; leave "
+                "vectorization_mode out (one env per copy), or pass a factory "
+                "factory(num_envs=k, **env_kwargs) -> gymnasium.vector.VectorEnv"
+            )
+        make_block: Callable[..., Any] = gym.make_vec
+        args: tuple = (env_id,)
+        fixed: dict[str, Any] = {"vectorization_mode": "vector_entry_point"}
+    else:
+        make_block, args, fixed = env_id, (), {}
+    if envs_per_block is not None and (
+        isinstance(envs_per_block, bool)
+        or not isinstance(envs_per_block, int)
+        or envs_per_block < 1
+        or num_envs % envs_per_block
+    ):
         raise ValueError(
-            f"env_kwargs has {len(kwargs)} entries for {num_envs} envs: give one dict per env, "
-            "one dict for all, or a function from env index to dict"
+            f"envs_per_block must be a positive int that divides num_envs={num_envs}, "
+            f"got {envs_per_block!r}"
+        )
+
+    def factories(size: int) -> list[BlockFactory]:
+        per_block = _per_env_kwargs(env_kwargs, num_envs // size, unit="block")
+        for kwargs in per_block:
+            _set_render_mode(kwargs, render_mode)
+        return [
+            BlockFactory(make_block, size, args, {**fixed, **kwargs}, wrappers)
+            for kwargs in per_block
+        ]
+
+    if envs_per_block is None:
+        if backend == "auto":
+            isolate = options.get("on_failure") == "restart" or "step_timeout" in options
+            layout = choose_block_layout(lambda size: factories(size)[0], num_envs, isolate)
+            envs_per_block = layout.pop("envs_per_block")
+            for key, value in layout.items():
+                if key == "backend":
+                    backend = value
+                else:
+                    options.setdefault(key, value)
+        elif backend == "process" and options.get("inline_envs"):
+            envs_per_block = options["inline_envs"]  # one block stepped in this process
+        elif backend == "process":
+            workers = options.get("num_workers") or os.cpu_count() or 1
+            blocks = max(d for d in range(1, min(workers, num_envs) + 1) if num_envs % d == 0)
+            envs_per_block = num_envs // blocks
+        else:
+            envs_per_block = num_envs
+    elif backend == "auto":
+        backend = "inline" if envs_per_block == num_envs else "process"
+    return VecEnv(
+        factories(envs_per_block), backend=backend, envs_per_block=envs_per_block, **options
+    )
+
+
+def _set_render_mode(kwargs: dict[str, Any], render_mode: str | None) -> None:
+    if render_mode is not None and kwargs.setdefault("render_mode", render_mode) != render_mode:
+        raise ValueError(
+            f"render_mode={render_mode!r} but env_kwargs has "
+            f"render_mode={kwargs['render_mode']!r}: give it once"
+        )
+
+
+def _per_env_kwargs(env_kwargs: Any, count: int, unit: str = "env") -> list[dict[str, Any]]:
+    if env_kwargs is None or isinstance(env_kwargs, dict):
+        return [dict(env_kwargs or {}) for _ in range(count)]
+    if callable(env_kwargs):
+        return [dict(env_kwargs(index)) for index in range(count)]
+    kwargs = list(env_kwargs)
+    if len(kwargs) != count:
+        raise ValueError(
+            f"env_kwargs has {len(kwargs)} entries for {count} {unit}s: give one dict per "
+            f"{unit}, one dict for all, or a function from {unit} index to dict"
         )
     return [dict(item or {}) for item in kwargs]

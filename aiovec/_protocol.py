@@ -106,6 +106,8 @@ class ErrorInfo(msgspec.Struct, array_like=True):
     timeout: Union[float, None] = None
     #: The module of the exception's class, to re-create its type where it is raised.
     exc_module: Union[str, None] = None
+    #: Every env this one error stands for (the rows of a batched env); ``None``: ``env_id``.
+    env_ids: Union[list[int], None] = None
 
     def to_exception(self) -> EnvError | StepTimeoutError:
         """The exception the user sees for this error: :class:`aiovec.EnvError`, or
@@ -299,13 +301,36 @@ def wire_reply(reply: Reply) -> Reply:
     return reply
 
 
-def encode_reply(reply: Reply) -> bytes:
-    """``reply`` as one frame for :func:`decode_message`.
+# A Step or Reply whose ``env_ids`` is empty on the wire stands for the worker's whole
+# group, in order: a lockstep step of thousands of envs (batched envs) then carries no
+# env ids at all. An empty selection is never sent otherwise.
+
+
+def compact_step(command: Step, group: list[int]) -> Step:
+    """``command`` as it travels to the worker hosting ``group``."""
+    if command.env_ids is group:
+        return Step(command.seq, [], command.actions, command.stream)
+    return command
+
+
+def expand_command(command: Command, group: list[int]) -> Command:
+    """A command as decoded by the worker hosting ``group``, with its env ids restored."""
+    if type(command) is Step and not command.env_ids:
+        command.env_ids = group
+    return command
+
+
+def encode_reply(reply: Reply, group: list[int] | None = None) -> bytes:
+    """``reply`` as one frame for :func:`decode_message`; a reply for all of ``group``
+    (the very list) travels without its env ids.
 
     A value that cannot be pickled (an info, a call's result) fails that reply's envs
     with a ``TypeError`` naming it, rather than the worker."""
     try:
-        return encode(wire_reply(reply))
+        wire = wire_reply(reply)
+        if group is not None and wire.env_ids is group:
+            wire = msgspec.structs.replace(wire, env_ids=[])
+        return encode(wire)
     except Exception as exc:
         message = (
             f"what the env returned could not be sent back ({type(exc).__name__}: {exc}); "

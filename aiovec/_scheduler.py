@@ -103,10 +103,15 @@ class Scheduler:
         self.worker_of = np.empty(num_envs, dtype=np.intp)
         for worker, group in enumerate(backend.groups):
             self.worker_of[group] = worker
-        self.all_env_ids = list(range(num_envs))
+        groups = backend.groups
+        # One group of every env (inline, coroutine): the very list its host holds, so a
+        # step of all envs is recognised by identity there.
+        whole = len(groups) == 1 and len(groups[0]) == num_envs
+        self.all_env_ids = groups[0] if whole else list(range(num_envs))
         # The whole batch, split by worker; rows are slices (groups are contiguous).
+        # The backend's own lists: a worker's whole group is recognised by identity.
         self._all_groups = [
-            (worker, list(group), slice(group[0], group[-1] + 1))
+            (worker, group, slice(group[0], group[-1] + 1))
             for worker, group in enumerate(backend.groups)
         ]
         self.ready_queue: deque[int] = deque()
@@ -416,6 +421,8 @@ class Scheduler:
             ticket = self._tickets.get(message.seq)
             if ticket is None:  # a late reply to a request given up on
                 continue
+            if not message.env_ids:  # sent compact: the command's whole group
+                message.env_ids = ticket.env_ids
             self._count_busy(worker, message)
             if message.progressed:  # real work happened: not a crash loop
                 self._crashes_in_a_row[worker] = 0
@@ -487,7 +494,9 @@ class Scheduler:
         stats = self.stats
         stats.env_steps += len(env_ids)
         stats.record_latency(time.monotonic() - ticket.sent_at, len(env_ids))
-        self._mark(ticket.rows if env_ids is ticket.env_ids else env_ids, READY)
+        # The whole ticket at once (the same env ids): its rows, a slice when contiguous.
+        whole = env_ids is ticket.env_ids or len(env_ids) == len(ticket.env_ids)
+        self._mark(ticket.rows if whole else env_ids, READY)
         self.ready_queue.extend(env_ids)
 
     def _store_results(
@@ -544,7 +553,12 @@ class Scheduler:
         if reply.observations is not None:
             for env_id, observation in zip(reply.env_ids, reply.observations):
                 self.observations[env_id] = observation
-        return {error.env_id: error.to_exception() for error in reply.errors or ()}
+        errors: dict[int, Exception] = {}
+        for error in reply.errors or ():
+            exception = error.to_exception()  # one object for all the envs it stands for
+            for env_id in error.env_ids or (error.env_id,):
+                errors[env_id] = exception
+        return errors
 
     def _mark(self, rows: slice | list[int], value: int) -> None:
         if isinstance(rows, slice):
@@ -563,7 +577,8 @@ class Scheduler:
             queue.clear()
         else:
             env_ids = [queue.popleft() for _ in range(limit)]
-        self._mark(env_ids, IDLE)
+        # Every env (a lockstep step): one slice, not one write per env.
+        self._mark(slice(0, len(env_ids)) if len(env_ids) == len(self.state) else env_ids, IDLE)
         return env_ids
 
     def give_back(self, env_ids: list[int]) -> None:

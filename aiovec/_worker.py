@@ -26,9 +26,10 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._async_server import AsyncEnvServer
 from aiovec._auto import WAITING_CPU_SHARE
+from aiovec._blocks import BlockHost, build_host
 from aiovec._buffers import build_buffers
 from aiovec._channel import Channel
-from aiovec._host import EnvBuildError, EnvHost, StepOutcome, build_envs, describe, error_info
+from aiovec._host import EnvBuildError, EnvHost, StepOutcome, error_info
 from aiovec._loop import new_event_loop
 from aiovec._memory import SharedRegion
 from aiovec._protocol import (
@@ -39,6 +40,7 @@ from aiovec._protocol import (
     decode_command,
     encode,
     encode_reply,
+    expand_command,
     undecodable_reply,
 )
 from aiovec._spin import SpinPolicy
@@ -67,6 +69,7 @@ def worker_main(
     restart_reason: str | None = None,
     step_timeout: float | None = None,
     concurrent_envs: bool | None = None,
+    envs_per_block: int = 1,
 ) -> None:
     """Entry point of a worker process; returns when the parent says so or goes away.
 
@@ -76,7 +79,8 @@ def worker_main(
 
     Blocking envs that mostly wait (sleep, IO, a remote simulator) are stepped
     concurrently, a thread each, answering first-ready; CPU-bound envs one after the
-    other. ``concurrent_envs=None`` decides from the first steps' CPU share.
+    other. ``concurrent_envs=None`` decides from the first steps' CPU share. Batched
+    envs (``envs_per_block > 1``) are stepped one block after the other.
     """
     _die_with_parent()
     connection = Channel(sock)
@@ -85,22 +89,22 @@ def worker_main(
     try:
         try:
             env_fns = cloudpickle.loads(factories)
-            envs = build_envs(env_fns)
+            host, descriptions = build_host(
+                env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
+            )
         except EnvBuildError as exc:
             connection.send(encode(Hello(error=exc.info)))
             return
         except Exception as exc:  # the factories could not even be unpickled here
             connection.send(encode(Hello(error=error_info(first_env_id, "unpickle", exc))))
             return
-        host = EnvHost(
-            envs, AutoresetMode(autoreset_mode), None, env_fns=env_fns, max_restarts=max_restarts
-        )
+        envs = host.envs
         if restart_reason is not None:  # this worker replaces one that failed
             host.notify_restart(restart_reason)
         async_envs = any(isinstance(env, AsyncEnv) for env in envs.values())
         try:
-            descriptions = cloudpickle.dumps([describe(env) for env in envs.values()])
-            connection.send(encode(Hello(spaces=descriptions, async_envs=async_envs)))
+            hello = Hello(spaces=cloudpickle.dumps(descriptions), async_envs=async_envs)
+            connection.send(encode(hello))
             # The region lives until this process exits; the kernel frees it after the last user.
             region_fd = connection.receive_fd()
             observation_space, action_space, num_envs, size = pickle.loads(connection.receive())
@@ -108,8 +112,9 @@ def worker_main(
             host.attach(
                 build_buffers(observation_space, action_space, num_envs, region.allocator())
             )
-            if not async_envs and not concurrent_envs:
-                measure = concurrent_envs is None and len(envs) > 1
+            batched = isinstance(host, BlockHost)  # blocks are stepped here, never in threads
+            if batched or (not async_envs and not concurrent_envs):
+                measure = concurrent_envs is None and len(envs) > 1 and not batched
                 if not _serve(connection, host, spin, measure):
                     return  # told to stop
             if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
@@ -130,7 +135,7 @@ STREAM_INTERVAL = 100e-6
 MEASURE_SECONDS = 0.02
 
 
-def _serve(connection: Channel, host: EnvHost, spin: float, measure: bool) -> bool:
+def _serve(connection: Channel, host: EnvHost | BlockHost, spin: float, measure: bool) -> bool:
     """Serve commands one after the other until ``Close`` (returns False) or, with
     ``measure``, until the envs' steps turn out to mostly wait (returns True: serve them
     concurrently from now on)."""
@@ -139,19 +144,22 @@ def _serve(connection: Channel, host: EnvHost, spin: float, measure: bool) -> bo
     step_times: dict[int, float] = {}
     wall = cpu = 0.0
     while True:
-        command = decode_command(receive(spin_policy))
+        command = expand_command(decode_command(receive(spin_policy)), host.group)
         if isinstance(command, Close):
             return False
         failed = undecodable_reply(command)
         if failed is not None:  # the caller's error, not the worker's: answer and go on
-            send(encode_reply(failed))
+            send(encode_reply(failed, host.group))
             continue
         if measure and isinstance(command, Step):
             wall_start, cpu_start = time.perf_counter(), time.thread_time()
         if isinstance(command, Step) and command.stream and len(command.env_ids) > 1:
-            _stream_step(send, host, command, step_times)
+            if isinstance(host, BlockHost):
+                host.stream_step(lambda reply: send(encode_reply(reply, host.group)), command)
+            else:
+                _stream_step(send, host, command, step_times)
         else:
-            send(encode_reply(host.execute(command)))
+            send(encode_reply(host.execute(command), host.group))
         if measure and isinstance(command, Step):
             wall += time.perf_counter() - wall_start
             cpu += time.thread_time() - cpu_start
@@ -167,7 +175,7 @@ async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float |
     loop = asyncio.get_running_loop()
 
     def emit(reply: Reply) -> None:
-        connection.send(encode_reply(reply))
+        connection.send(encode_reply(reply, host.group))
         if connection.buffered:  # commands read while the reply waited for room
             loop.call_soon(on_readable)
 
@@ -176,12 +184,12 @@ async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float |
 
     def on_readable() -> None:
         for frame in connection.receive_ready():
-            command = decode_command(frame)
+            command = expand_command(decode_command(frame), host.group)
             if isinstance(command, Close):
                 break
             failed = undecodable_reply(command)
             if failed is not None:
-                connection.send(encode_reply(failed))
+                connection.send(encode_reply(failed, host.group))
                 continue
             server.submit(command, loop)
         else:
@@ -210,14 +218,14 @@ def _stream_step(
     last_flush = time.perf_counter()
     for position, env_id in enumerate(command.env_ids):
         if done and step_times.get(env_id, STREAM_INTERVAL) >= STREAM_INTERVAL:
-            send(encode_reply(host.step_reply(command.seq, done)))
+            send(encode_reply(host.step_reply(command.seq, done), host.group))
             done, last_flush = [], time.perf_counter()
         started = time.perf_counter()
         done.append(host.step(env_id, host.action_of(command, position)))
         now = time.perf_counter()
         step_times[env_id] = 0.8 * step_times.get(env_id, now - started) + 0.2 * (now - started)
         if now - last_flush >= STREAM_INTERVAL:
-            send(encode_reply(host.step_reply(command.seq, done)))
+            send(encode_reply(host.step_reply(command.seq, done), host.group))
             done, last_flush = [], now
     if done:
-        send(encode_reply(host.step_reply(command.seq, done)))
+        send(encode_reply(host.step_reply(command.seq, done), host.group))

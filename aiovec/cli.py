@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser = commands.add_parser(
         "bench",
         help="compare aiovec with Gymnasium (and SB3 if installed) on built-in workloads",
-        description="Runs workloads W1-W6 (and 'memory') and reports medians of repeated "
+        description="Runs workloads W1-W8 (and 'memory') and reports medians of repeated "
         "windows, as ratios to Gymnasium's vector envs measured in the same run.",
     )
     bench_parser.add_argument(
@@ -194,8 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_WORKLOADS,
         help="comma-separated: W1 (CartPole), W2 (no-op overhead), W3 (IO latency), "
         "W4 (CPU latency), W5 (large observations), W6 (async envs at 1,000 and 10,000), "
-        "spin (spinning next to a busy process), memory, replay (replay-buffer insert/sample "
-        "rates) (default: %(default)s)",
+        "W7 (batched CartPole, 4,096 envs in blocks), W8 (imagination: a torch model in "
+        "blocks), spin (spinning next to a busy process), memory, replay (replay-buffer "
+        "insert/sample rates) (default: %(default)s)",
     )
     bench_parser.add_argument("--env-id", default=None, help="env id for W1 (default CartPole-v1)")
     bench_parser.add_argument("--num-envs", default=None, help="comma-separated env counts")

@@ -137,7 +137,9 @@ class VecEnv(VectorEnv):
         copy: return copies of the observation buffers (``True``) or zero-copy views
             that the next step overwrites (``False``; applies to whole-batch results).
         autoreset_mode: Gymnasium's autoreset mode (``NEXT_STEP``, ``SAME_STEP`` or
-            ``DISABLED``), as the enum or its string value.
+            ``DISABLED``), as the enum or its string value. Default: ``NEXT_STEP``, or
+            with ``envs_per_block`` the batched envs' own mode (which, if given, this
+            must equal: a batched env autoresets itself).
         context: how worker processes start. Default (``None`` or ``"zygote"``, on
             Linux): forked by aiovec's zygote, a fresh interpreter that has imported
             numpy, gymnasium and aiovec and never imports your ``__main__`` (no
@@ -206,6 +208,15 @@ class VecEnv(VectorEnv):
             space: ``ValueError``; Graph/Sequence: ``TypeError``).
         worker: ``AsyncVectorEnv``'s custom worker function: refused with a
             ``ValueError`` (aiovec's workers do not run Gymnasium's pipe protocol).
+        envs_per_block: batched envs. With ``envs_per_block=k > 1`` each of ``env_fns``
+            returns a ``gymnasium.vector.VectorEnv`` of ``k`` envs (a *block*, stepped in
+            one call), and the vector env has ``len(env_fns) * k`` rows; block ``b`` is
+            rows ``b*k .. b*k+k-1``. Process, inline and Ray backends. A worker hosts whole
+            blocks; ``send`` takes whole blocks, ``recv`` returns whole blocks
+            (``max_envs`` rounds down to a multiple of ``k``, at least one block);
+            ``call``/``get_attr`` run once per block (each row gets the result, a
+            per-env sequence from ``render`` is split); ``set_attr`` sets one value per
+            block. See :func:`aiovec.make` (``vectorization_mode="vector_entry_point"``).
 
     Raises:
         aiovec.EnvError: an env factory raised (names the env index).
@@ -228,7 +239,7 @@ class VecEnv(VectorEnv):
         backend: str = "process",
         num_workers: int | None = None,
         copy: bool = True,
-        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        autoreset_mode: AutoresetMode | str | None = None,
         context: str | None = None,
         close_timeout: float = 5.0,
         inline_envs: int = 0,
@@ -243,8 +254,13 @@ class VecEnv(VectorEnv):
         max_concurrency: int | None = None,
         shared_memory: bool | None = None,
         worker: Callable[..., None] | None = None,
+        envs_per_block: int = 1,
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
+        if isinstance(envs_per_block, bool) or not _is_int(envs_per_block) or envs_per_block < 1:
+            raise ValueError(f"envs_per_block must be a positive int, got {envs_per_block!r}")
+        #: Rows per batched env (1: single envs); ``num_envs`` is a multiple of it.
+        self.envs_per_block = block_size = int(envs_per_block)
         if worker is not None:
             refuse_custom_worker(worker)
         env_fns = list(env_fns)
@@ -279,6 +295,13 @@ class VecEnv(VectorEnv):
                 num_workers = limit if num_workers is None else min(num_workers, limit)
                 concurrent_envs, inline_envs = False, 0
         self.max_concurrency = max_concurrency
+        if block_size > 1 and backend not in ("auto", "process", "inline", "ray"):
+            raise ValueError(
+                f"batched envs (envs_per_block > 1) run on the 'process', 'inline' and "
+                f"'ray' backends, got backend={backend!r}"
+            )
+        if backend == "auto" and block_size > 1:
+            backend = "process"  # aiovec.make chooses the layout of batched envs
         if backend == "auto":
             # With restarts or step timeouts asked for, every env stays out of this process.
             isolate = on_failure == "restart" or step_timeout is not None
@@ -297,8 +320,9 @@ class VecEnv(VectorEnv):
                 f"cannot be interrupted) and a positive number of seconds, got {step_timeout!r}"
             )
         restarts = max_restarts if on_failure == "restart" else 0
-        self.autoreset_mode = AutoresetMode(autoreset_mode)
-        self.num_envs = len(env_fns)
+        requested_mode = None if autoreset_mode is None else AutoresetMode(autoreset_mode)
+        self.autoreset_mode = requested_mode or AutoresetMode.NEXT_STEP
+        self.num_envs = len(env_fns) * block_size
         self.copy = copy
         self.close_timeout = close_timeout
         self._pending: tuple[str, Any] | None = None  # for the *_async/*_wait methods
@@ -306,7 +330,9 @@ class VecEnv(VectorEnv):
         if backend == "inline":
             from aiovec.backends.inline import InlineBackend
 
-            self._backend: Backend = InlineBackend(env_fns, self.autoreset_mode, restarts)
+            self._backend: Backend = InlineBackend(
+                env_fns, self.autoreset_mode, restarts, envs_per_block=block_size
+            )
         elif backend == "coroutine":
             from aiovec.backends.coroutine import CoroutineBackend
 
@@ -317,7 +343,13 @@ class VecEnv(VectorEnv):
             from aiovec.backends.ray import RayBackend
 
             self._backend = RayBackend(
-                env_fns, self.autoreset_mode, num_workers, restarts, ray_options, step_timeout
+                env_fns,
+                self.autoreset_mode,
+                num_workers,
+                restarts,
+                ray_options,
+                step_timeout,
+                envs_per_block=block_size,
             )
         else:
             from aiovec.backends.process import ProcessBackend
@@ -333,6 +365,7 @@ class VecEnv(VectorEnv):
                 step_timeout=step_timeout,
                 concurrent_envs=concurrent_envs,
                 startup_timeout=startup_timeout,
+                envs_per_block=block_size,
             )
         self.backend = backend
         #: Worker processes (process backend) or actors (Ray); 0 when envs run here.
@@ -340,6 +373,10 @@ class VecEnv(VectorEnv):
         #: How many envs this process steps itself.
         self.inline_envs = {"process": inline_envs, "ray": 0}.get(backend, self.num_envs)
         try:
+            if block_size > 1:
+                self.autoreset_mode = _block_autoreset_mode(
+                    self._backend.descriptions, requested_mode
+                )
             self._set_spaces(self._backend.descriptions)
             if shared_memory:
                 check_gymnasium_shareable(self.single_observation_space)
@@ -443,6 +480,8 @@ class VecEnv(VectorEnv):
         Raises before anything is written when a check fails."""
         self._check_open("send")
         env_ids, rows = self._resolve_env_ids(env_ids)
+        if self.envs_per_block > 1 and rows != slice(None):
+            self._check_whole_blocks(env_ids, "send actions to")
         scheduler = self._scheduler
         self._check_idle(env_ids, "send actions to")
         scheduler.check_alive(env_ids)
@@ -520,7 +559,10 @@ class VecEnv(VectorEnv):
 
     def _take_batch(self, max_envs: int | None) -> Batch:
         scheduler = self._scheduler
-        env_ids = scheduler.take_ready(max_envs or self.num_envs)
+        limit = max_envs or self.num_envs
+        if self.envs_per_block > 1:  # whole blocks (the ready-queue holds whole blocks)
+            limit = max(limit - limit % self.envs_per_block, self.envs_per_block)
+        env_ids = scheduler.take_ready(limit)
         self._raise_first_error(env_ids)
         rows = np.array(env_ids, dtype=np.intp)
         buffers = self._buffers
@@ -545,11 +587,17 @@ class VecEnv(VectorEnv):
         errors = self._scheduler.errors
         if not errors:
             return
-        for position, env_id in enumerate(env_ids):
-            error = errors.pop(env_id, None)
+        for env_id in env_ids:
+            error = errors.get(env_id)
             if error is not None:
-                self._scheduler.give_back(env_ids[:position] + env_ids[position + 1 :])
-                self._scheduler.infos.pop(env_id, None)
+                # Every env this error stands for (the rows of a batched env) is answered
+                # by it, once; the others go back to the ready-queue.
+                failed = [e for e in env_ids if errors.get(e) is error]
+                for failed_id in failed:
+                    del errors[failed_id]
+                    self._scheduler.infos.pop(failed_id, None)
+                failed_set = set(failed)
+                self._scheduler.give_back([e for e in env_ids if e not in failed_set])
                 raise error
 
     def _collect_infos(self, env_ids: list[int]) -> dict[str, Any]:
@@ -574,7 +622,10 @@ class VecEnv(VectorEnv):
     async def _step_wait(self, tickets: list[Ticket], timeout: float | None = None) -> tuple:
         scheduler = self._scheduler
         await scheduler.wait_until(lambda: all(ticket.done for ticket in tickets), timeout)
-        return self._lockstep_results(sorted(scheduler.take_ready(self.num_envs)))
+        env_ids = scheduler.take_ready(self.num_envs)
+        # Every env (the usual case): env id order without sorting thousands of ids.
+        ordered = scheduler.all_env_ids if len(env_ids) == self.num_envs else sorted(env_ids)
+        return self._lockstep_results(ordered)
 
     def _step_in_place(self, actions: Any) -> tuple:
         """:meth:`step` for a backend that completes commands inline, while no env has
@@ -643,6 +694,9 @@ class VecEnv(VectorEnv):
             options = dict(options)  # never modify the caller's dict
             if "reset_mask" in options:
                 env_ids = _reset_mask_ids(options.pop("reset_mask"), self.num_envs)
+                if self.autoreset_mode is not AutoresetMode.DISABLED:
+                    # Only DISABLED mode obliges a vector env to honour reset_mask.
+                    self._check_whole_blocks(env_ids, "reset")
         self._check_idle(env_ids, "reset")
         self._scheduler.check_alive(env_ids)
 
@@ -748,6 +802,7 @@ class VecEnv(VectorEnv):
                 "Values must be a list or tuple with length equal to the number of environments. "
                 f"Got `{len(values)}` values for {len(ids)} environments."
             )
+        self._check_whole_blocks(ids, f"set_attr {name!r} on")
         by_env = dict(zip(ids, values))
         self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(
@@ -1040,6 +1095,25 @@ class VecEnv(VectorEnv):
                 "Collect their results with recv() (or recv_nowait()) first."
             )
 
+    def _check_whole_blocks(self, env_ids: list[int], operation: str) -> None:
+        """Raise ValueError unless ``env_ids`` covers every row of each batched env it
+        touches (no-op for single envs)."""
+        size = self.envs_per_block
+        if size == 1:
+            return
+        counts: dict[int, int] = {}
+        for env_id in env_ids:
+            counts[env_id // size] = counts.get(env_id // size, 0) + 1
+        partial = [block for block, count in counts.items() if count != size]
+        if partial:
+            block = min(partial)
+            raise ValueError(
+                f"cannot {operation} part of a batched env: envs {block * size}.."
+                f"{block * size + size - 1} form one block (envs_per_block={size}) and step, "
+                "reset and change together; address whole blocks (e.g. env_ids from "
+                "recv(), which returns whole blocks)"
+            )
+
     def _resolve_env_ids(self, env_ids: Any) -> tuple[list[int], Any]:
         """``(env_ids as a list, the matching row index for buffers)``."""
         if env_ids is None:
@@ -1062,6 +1136,21 @@ class VecEnv(VectorEnv):
             duplicates = sorted({i for i in ids if ids.count(i) > 1})
             raise ValueError(f"env_ids contain duplicates: {_brief(duplicates)}")
         return ids, ids
+
+
+def _block_autoreset_mode(
+    descriptions: list[tuple[Any, ...]], requested: AutoresetMode | None
+) -> AutoresetMode:
+    """The autoreset mode of batched envs (they autoreset themselves): their own, which
+    ``requested`` (the caller's ``autoreset_mode``, if any) must equal."""
+    mode = AutoresetMode(descriptions[0][2].get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    if requested is not None and requested is not mode:
+        raise ValueError(
+            f"autoreset_mode={requested} but the batched envs autoreset in {mode} mode "
+            "(their metadata['autoreset_mode']): a batched env resets itself, so leave "
+            "autoreset_mode out or build batched envs with the mode you want"
+        )
+    return mode
 
 
 def _is_int(value: Any) -> bool:

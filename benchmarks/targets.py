@@ -3,7 +3,8 @@
 Every target is a ratio between figures measured in the same run (never an absolute
 time), so it means the same on a noisy machine. Usage:
 
-    aiovec bench --workloads W1,W2,W3,W4,W5,W6,spin,memory,replay --repeats 5 --out bench-results
+    aiovec bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,spin,memory,replay --repeats 5 \\
+        --out bench-results
     python benchmarks/targets.py bench-results/results.json
 
 Prints one line per target with the measured figure and PASS/MISS; exits 0 either way
@@ -138,6 +139,16 @@ TARGETS = [
            lambda d: replay(d, "aiovec PrioritizedReplayBuffer", "insert_per_s"), 1_000_000),
     Target("replay: prioritized sample >= 2k batches of 256/s",
            lambda d: replay(d, "aiovec PrioritizedReplayBuffer", "samples_per_s"), 2_000),
+    # Issue #15: batched envs in blocks over the workers (both cores busy).
+    Target("W7 4096 envs: aiovec batched (best layout) >= 1.6x one in-process vector env",
+           lambda d: ratio(rate(d, "W7-4096", "aiovec batched"),
+                           rate(d, "W7-4096", "gymnasium vector entry point")), 1.6),
+    Target("W7 4096 envs: aiovec batched >= 50x aiovec single-instance envs",
+           lambda d: ratio(rate(d, "W7-4096", "aiovec batched"),
+                           rate(d, "W7-4096", "aiovec single-instance")), 50.0),
+    Target("W8 4096 rollouts: blocks on the workers >= 1.6x the model in-process",
+           lambda d: ratio(rate(d, "W8-4096", "aiovec blocks"),
+                           rate(d, "W8-4096", "torch model in-process")), 1.6),
     # Earlier targets, kept as regression guards.
     Target("W1 8 envs: process backend >= 6x Async",
            lambda d: ratio(rate(d, "W1-8", "aiovec process"), rate(d, "W1-8", ASYNC)), 6.0),

@@ -49,6 +49,24 @@ CASES = {
         "exploit: member",
     ),  # fmt: skip
     "curriculum.py": (["--seconds", "2", "--num-envs", "4", "--check-every", "0.2"], "done: "),
+    "batched_cartpole.py": (["--num-envs", "256", "--seconds", "0.3"], "ratio: "),
+    "numpy_sim.py": (
+        ["--blocks", "2", "--envs-per-block", "64", "--seconds", "0.5"],
+        "first-ready: ",
+    ),
+    "imagination.py": (
+        [
+            "--real-steps",
+            "100",
+            "--train-seconds",
+            "0.5",
+            "--rollouts",
+            "256",
+            "--seconds",
+            "0.3",
+        ],
+        "imagined steps/s, aiovec blocks on 2 workers",
+    ),  # fmt: skip
     "sb3_ppo.py": (["--total-timesteps", "512", "--num-envs", "2"], "mean return"),
     "ray_cluster.py": (["--seconds", "0.5", "--num-envs", "4"], "first-ready on backend='ray'"),
     "tcp_simulator.py": (

@@ -370,3 +370,46 @@ def test_closing_after_ray_was_shut_down_starts_no_new_ray():
     venv.close()
     assert not ray.is_initialized()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # for later tests
+
+
+@TRANSPORT
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_batched_envs_in_actors_match_the_process_backend(transport, mode):
+    from tests.batched import point_masses
+
+    def record(backend, **options):
+        with aiovec.make(
+            point_masses,
+            6,
+            envs_per_block=3,
+            backend=backend,
+            env_kwargs=lambda block: {"autoreset_mode": mode, "gain": 1.0 + block},
+            **options,
+        ) as venv:
+            out = [venv.reset(seed=5)]
+            actions = np.linspace(-1, 1, 6, dtype=np.float32).reshape(6, 1)
+            out += [venv.step(actions) for _ in range(12)]
+            out.append(venv.get_attr("gain"))
+            return out
+
+    expected = record("process")
+    assert_same(record("ray", num_workers=2, ray_options={"transport": transport}), expected)
+
+
+def test_a_failing_block_in_an_actor_is_restarted():
+    from tests.batched import point_masses
+
+    with aiovec.make(
+        point_masses,
+        4,
+        envs_per_block=2,
+        backend="ray",
+        on_failure="restart",
+        env_kwargs=[{}, {"fail_at": 2}],
+    ) as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros((4, 1), np.float32))
+        *_, truncated, infos = venv.step(np.zeros((4, 1), np.float32))
+        np.testing.assert_array_equal(truncated, [False, False, True, True])
+        np.testing.assert_array_equal(infos["_restarted"], [False, False, True, True])
+        np.testing.assert_array_equal(venv.restart_counts, [0, 0, 1, 1])

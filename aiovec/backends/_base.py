@@ -16,8 +16,9 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from aiovec._blocks import build_host
 from aiovec._buffers import Buffers, build_buffers
-from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
+from aiovec._host import EnvBuildError
 from aiovec._protocol import Command, Reply
 
 
@@ -149,24 +150,41 @@ class Backend(abc.ABC):
         """
 
 
+def split_groups(num_units: int, num_workers: int, unit_size: int = 1) -> list[list[int]]:
+    """Contiguous env ids per worker: ``num_units`` units (single envs, or batched envs
+    of ``unit_size`` rows each, never split) spread as evenly as possible."""
+    return [
+        list(range(int(chunk[0]) * unit_size, (int(chunk[-1]) + 1) * unit_size))
+        for chunk in np.array_split(np.arange(num_units), num_workers)
+    ]
+
+
+def group_factories(
+    env_fns: Sequence[Callable[[], Any]], group: list[int], unit_size: int = 1
+) -> dict[int, Callable[[], Any]]:
+    """The factories of ``group``'s units, keyed by each unit's first env id."""
+    return {env_id: env_fns[env_id // unit_size] for env_id in group[::unit_size]}
+
+
 class LocalBackend(Backend):
-    """Base of the backends whose envs live in this process, in one ``EnvHost``."""
+    """Base of the backends whose envs live in this process, in one host."""
 
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Any]],
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
+        envs_per_block: int = 1,
     ) -> None:
-        factories = dict(enumerate(env_fns))
+        factories = group_factories(
+            env_fns, list(range(len(env_fns) * envs_per_block)), envs_per_block
+        )
         try:
-            envs = build_envs(factories)
+            self._host, self.descriptions = build_host(
+                factories, autoreset_mode, max_restarts, envs_per_block
+            )
         except EnvBuildError as exc:
             raise exc.info.to_exception() from None
-        self.descriptions = [describe(env) for env in envs.values()]
-        self._host = EnvHost(
-            envs, autoreset_mode, None, env_fns=factories, max_restarts=max_restarts
-        )
 
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
         self.buffers = build_buffers(

@@ -31,9 +31,10 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._async_server import AsyncEnvServer
 from aiovec._auto import WAITING_CPU_SHARE, probe_step_time
+from aiovec._blocks import build_host
 from aiovec._buffers import build_buffers
 from aiovec._channel import HEADER
-from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
+from aiovec._host import EnvBuildError
 from aiovec._loop import new_event_loop
 from aiovec._protocol import (
     Command,
@@ -76,18 +77,21 @@ class EnvActor:
         restart_reason: str | None,
         concurrent: bool | None = None,
         step_timeout: float | None = None,
+        envs_per_block: int = 1,
     ) -> None:
         env_fns = cloudpickle.loads(factories)
         try:
-            envs = build_envs(env_fns)
+            self.host, self._descriptions = build_host(
+                env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
+            )
         except EnvBuildError as exc:
             self.build_error = exc.info
             self.host = None
             return
         self.build_error = None
-        self.host = EnvHost(
-            envs, AutoresetMode(autoreset_mode), None, env_fns=env_fns, max_restarts=max_restarts
-        )
+        envs = self.host.envs
+        if envs_per_block > 1:
+            concurrent = False  # a block is stepped in one call: nothing to overlap
         if restart_reason is not None:
             self.host.notify_restart(restart_reason)
         self._server: AsyncEnvServer | None = None
@@ -122,7 +126,7 @@ class EnvActor:
         of the factory that raised)."""
         if self.build_error is not None:
             return self.build_error
-        return [describe(env) for env in self.host.envs.values()], self.cancels_late_envs
+        return self._descriptions, self.cancels_late_envs
 
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space, n: int) -> None:
         self.host.attach(build_buffers(observation_space, action_space, n, np.zeros))

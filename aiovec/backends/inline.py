@@ -27,9 +27,10 @@ class InlineBackend(LocalBackend):
         env_fns: Sequence[Callable[[], gym.Env]],
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
+        envs_per_block: int = 1,
     ) -> None:
-        super().__init__(env_fns, autoreset_mode, max_restarts)
-        self.groups = [list(range(len(self.descriptions)))]
+        super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block)
+        self.groups = [self._host.group]
         self._outbox: list[Message] = []
 
     def submit(self, worker: int, command: Command) -> None:

@@ -22,26 +22,36 @@ from typing import Any
 
 import cloudpickle
 import gymnasium as gym
-import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from aiovec import _zygote as zygote
+from aiovec._blocks import BlockHost, build_host
 from aiovec._buffers import Buffers, buffers_nbytes, build_buffers
 from aiovec._channel import Channel, channel_pair
-from aiovec._host import EnvBuildError, EnvHost, build_envs, describe
+from aiovec._host import EnvBuildError, EnvHost
 from aiovec._memory import SharedRegion
 from aiovec._protocol import (
     Close,
     Command,
     Hello,
+    Step,
+    compact_step,
     decode_message,
     encode,
     wire_command,
 )
 from aiovec._spin import SpinPolicy
 from aiovec._worker import worker_main
-from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit, WorkerGone
+from aiovec.backends._base import (
+    Backend,
+    Message,
+    Wakeup,
+    WorkerExit,
+    WorkerGone,
+    group_factories,
+    split_groups,
+)
 from aiovec.errors import FactoryPicklingError, StartupTimeoutError, WorkerCrashedError
 
 STARTUP_HINT = "it died while building its envs"
@@ -121,30 +131,36 @@ class ProcessBackend(Backend):
         step_timeout: float | None = None,
         concurrent_envs: bool | None = None,
         startup_timeout: float | None = None,
+        envs_per_block: int = 1,
     ) -> None:
-        num_envs = len(env_fns)
-        if not 0 <= inline_envs < num_envs:
+        size = envs_per_block  # env_fns are factories of batched envs of this many rows
+        num_envs = len(env_fns) * size
+        if not 0 <= inline_envs < num_envs or inline_envs % size:
             raise ValueError(
-                f"inline_envs must be between 0 and num_envs - 1 = {num_envs - 1}, "
-                f"got {inline_envs}"
+                f"inline_envs must be between 0 and num_envs - 1 = {num_envs - 1}"
+                + (f" and a multiple of envs_per_block={size}" if size > 1 else "")
+                + f", got {inline_envs}"
             )
         remote_envs = num_envs - inline_envs
+        remote_units = remote_envs // size
         if num_workers is None:
-            num_workers = min(remote_envs, os.cpu_count() or 1)
-        if not 1 <= num_workers <= remote_envs:
+            num_workers = min(remote_units, os.cpu_count() or 1)
+        if not 1 <= num_workers <= remote_units:
+            unit = "batched envs" if size > 1 else "envs"
             raise ValueError(
-                f"num_workers must be between 1 and the {remote_envs} envs left for workers, "
-                f"got {num_workers}"
+                f"num_workers must be between 1 and the {remote_units} {unit} left for "
+                f"workers, got {num_workers}"
             )
         cores = os.cpu_count() or 1
         if spin is None:  # poll briefly only while every process can have a core of its own
             spin = DEFAULT_SPIN if num_workers < cores else 0.0
         self.spin = spin
         self._spin_policy = SpinPolicy(spin)  # spins only while spinning pays
-        self.groups = [
-            group.tolist() for group in np.array_split(np.arange(remote_envs), num_workers)
+        self.groups = split_groups(remote_units, num_workers, size)
+        self._payloads = [
+            pickle_factories(group_factories(env_fns, group, size)) for group in self.groups
         ]
-        self._payloads = [pickle_factories({i: env_fns[i] for i in group}) for group in self.groups]
+        self._envs_per_block = size
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
         self._step_timeout = step_timeout
@@ -157,7 +173,7 @@ class ProcessBackend(Backend):
         self._starting: dict[int, tuple[float, list[Command | bytes]]] = {}
         self._start_errors: dict[int, Exception] = {}  # why a start failed, until its exit
         self._ready_since: dict[int, float] = {}
-        self._local: EnvHost | None = None
+        self._local: EnvHost | BlockHost | None = None
         if inline_envs:
             self.groups.append(list(range(remote_envs, num_envs)))
 
@@ -192,15 +208,14 @@ class ProcessBackend(Backend):
                 self._start(worker)
             local_descriptions = []
             if inline_envs:  # built while the workers build theirs
-                local_fns = {i: env_fns[i] for i in self.groups[-1]}
+                local_fns = group_factories(env_fns, self.groups[-1], size)
                 try:
-                    local_envs = build_envs(local_fns)
+                    self._local, local_descriptions = build_host(
+                        local_fns, autoreset_mode, max_restarts, size
+                    )
                 except EnvBuildError as exc:
                     raise exc.info.to_exception() from None
-                self._local = EnvHost(
-                    local_envs, autoreset_mode, None, env_fns=local_fns, max_restarts=max_restarts
-                )
-                local_descriptions = [describe(env) for env in local_envs.values()]
+                self.groups[-1] = self._local.group  # the host's own list (see compact_step)
                 self.local_workers = frozenset({len(self.groups) - 1})
             self.descriptions = self._handshake(range(num_workers)) + local_descriptions
         except BaseException:
@@ -218,6 +233,7 @@ class ProcessBackend(Backend):
             "restart_reason": restart_reason,
             "step_timeout": self._step_timeout,
             "concurrent_envs": self._concurrent_envs,
+            "envs_per_block": self._envs_per_block,
         }
         try:
             if self._zygote is not None:
@@ -374,6 +390,8 @@ class ProcessBackend(Backend):
             return command
         if worker in self._dead:
             raise WorkerGone(worker)
+        if type(command) is Step:
+            command = compact_step(command, self.groups[worker])
         return encode(wire_command(command))
 
     def submit(self, worker: int, command: Command | bytes) -> None:

@@ -39,7 +39,14 @@ from aiovec._buffers import Buffers, build_buffers
 from aiovec._channel import Channel
 from aiovec._protocol import Command, Step, encode, to_wire, wire_command
 from aiovec._spaces import read_rows, write_rows
-from aiovec.backends._base import Backend, Message, Wakeup, WorkerExit
+from aiovec.backends._base import (
+    Backend,
+    Message,
+    Wakeup,
+    WorkerExit,
+    group_factories,
+    split_groups,
+)
 from aiovec.backends._ray_actor import TOKEN_SIZE, EnvActor, answer_decoder
 from aiovec.errors import WorkerCrashedError
 
@@ -73,6 +80,7 @@ class RayBackend(Backend):
         max_restarts: int = 0,
         ray_options: dict[str, Any] | None = None,
         step_timeout: float | None = None,
+        envs_per_block: int = 1,
     ) -> None:
         options = dict(ray_options or {})
         transport = options.pop("transport", None)
@@ -92,15 +100,17 @@ class RayBackend(Backend):
         if transport is None:
             transport = "calls" if ray_client.is_connected() else "link"
         self.transport = transport
-        num_envs = len(env_fns)
+        units = len(env_fns)  # envs, or batched envs of envs_per_block rows each
         if num_workers is None:
-            num_workers = min(num_envs, int(ray.available_resources().get("CPU", 1)) or 1)
-        if not 1 <= num_workers <= num_envs:
-            raise ValueError(f"num_workers must be between 1 and {num_envs}, got {num_workers}")
-        self.groups = [g.tolist() for g in np.array_split(np.arange(num_envs), num_workers)]
+            num_workers = min(units, int(ray.available_resources().get("CPU", 1)) or 1)
+        if not 1 <= num_workers <= units:
+            raise ValueError(f"num_workers must be between 1 and {units}, got {num_workers}")
+        self.groups = split_groups(units, num_workers, envs_per_block)
         self.num_workers = num_workers
+        self._envs_per_block = envs_per_block
         self._factories = [
-            cloudpickle.dumps({i: env_fns[i] for i in group}) for group in self.groups
+            cloudpickle.dumps(group_factories(env_fns, group, envs_per_block))
+            for group in self.groups
         ]
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
@@ -135,6 +145,7 @@ class RayBackend(Backend):
             restart_reason,
             self._concurrent,
             self._step_timeout,
+            self._envs_per_block,
         )
         self._owed[worker] = 0
 

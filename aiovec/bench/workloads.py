@@ -1,4 +1,4 @@
-"""The benchmark workloads W1-W5 and the memory workload, as data."""
+"""The benchmark workloads W1-W8, spin and the memory workload, as data."""
 
 from __future__ import annotations
 
@@ -291,6 +291,98 @@ def w6(num_envs: int = 1000) -> Workload:
     )
 
 
+def w7(num_envs: int = 4096) -> Workload:
+    """Batched envs: CartPole from Gymnasium's vector entry point, in blocks over the
+    workers, vs one in-process Gymnasium vector env of ``num_envs`` and vs aiovec with
+    ``num_envs`` single-instance CartPoles."""
+    env_fn = _make("CartPole-v1")
+    common = {"env_fn": env_fn, "num_envs": num_envs}
+    batched = partial(aiovec.make, "CartPole-v1", num_envs, vectorization_mode="vector_entry_point")
+
+    def contenders() -> list[Contender]:
+        return [
+            GymnasiumLockstep("aiovec batched (make auto)", "aiovec", batched, **common),
+            GymnasiumLockstep(
+                f"aiovec batched process ({CORES} workers, a block each)",
+                "aiovec",
+                partial(batched, backend="process", num_workers=CORES),
+                **common,
+            ),
+            GymnasiumLockstep(
+                "gymnasium vector entry point (in-process)",
+                "gymnasium",
+                partial(
+                    gym.make_vec, "CartPole-v1", num_envs, vectorization_mode="vector_entry_point"
+                ),
+                **common,
+            ),
+            GymnasiumLockstep(
+                "aiovec single-instance envs (make auto)",
+                "aiovec",
+                partial(aiovec.make, "CartPole-v1", num_envs),
+                **common,
+            ),
+        ]
+
+    return Workload(
+        key=f"W7-{num_envs}",
+        title=f"W7: CartPole via the vector entry point, {num_envs} envs in blocks (lockstep)",
+        env_fn=env_fn,
+        num_envs=num_envs,
+        contenders=contenders,
+    )
+
+
+def w8(num_envs: int = 4096, horizon: int = 16) -> Workload:
+    """Imagination: a torch MLP dynamics model (:mod:`aiovec.imagination`) stepping
+    ``num_envs`` imagined rollouts of ``horizon`` steps, in blocks on the workers vs in
+    this process; ``torch.set_num_threads(1)`` in every process (a fair split)."""
+    import numpy as np
+    import torch
+
+    from aiovec.imagination import DynamicsModel, ModelVectorEnv, model_weights
+
+    torch.manual_seed(0)
+    start_states = np.random.default_rng(0).uniform(-0.05, 0.05, (256, 4)).astype(np.float32)
+    env_kwargs = {
+        "weights": model_weights(DynamicsModel(obs_dim=4, num_actions=2)),
+        "start_states": start_states,
+        "horizon": horizon,
+    }
+    common = {"env_fn": _make("CartPole-v1"), "num_envs": num_envs}
+    blocks = partial(aiovec.make, ModelVectorEnv.factory, num_envs, env_kwargs=env_kwargs)
+
+    def contenders() -> list[Contender]:
+        return [
+            GymnasiumLockstep(
+                f"aiovec blocks ({CORES} workers)",
+                "aiovec",
+                partial(
+                    blocks,
+                    envs_per_block=num_envs // CORES,
+                    backend="process",
+                    num_workers=CORES,
+                ),
+                **common,
+            ),
+            GymnasiumLockstep("aiovec blocks (make auto)", "aiovec", blocks, **common),
+            GymnasiumLockstep(
+                "torch model in-process",
+                "torch",
+                partial(ModelVectorEnv, num_envs, **env_kwargs),
+                **common,
+            ),
+        ]
+
+    return Workload(
+        key=f"W8-{num_envs}",
+        title=f"W8: imagination, torch MLP, {num_envs} rollouts of horizon {horizon} (lockstep)",
+        env_fn=common["env_fn"],
+        num_envs=num_envs,
+        contenders=contenders,
+    )
+
+
 def workload(
     key: str, num_envs: int | None = None, env_id: str | None = None, with_ray: bool = False
 ) -> list[Workload]:
@@ -312,6 +404,8 @@ def workload(
         return [spin_with_busy_neighbour()]
     if key == "W6":
         return [w6(n) for n in ([num_envs] if num_envs else [1000, 10000])]
-    raise ValueError(
-        f"unknown workload {key!r}: choose from W1, W2, W3, W4, W5, W6, spin, memory, replay"
-    )
+    if key == "W7":
+        return [w7(num_envs or 4096)]
+    if key == "W8":
+        return [w8(num_envs or 4096)]
+    raise ValueError(f"unknown workload {key!r}: choose from W1-W8, spin, memory, replay")

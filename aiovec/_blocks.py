@@ -1,0 +1,558 @@
+"""Batched envs ("blocks"): a ``gymnasium.vector.VectorEnv`` of ``k`` envs stepped in one call.
+
+A vector env built with ``envs_per_block=k`` has ``num_envs / k`` blocks; block ``b``
+owns the rows ``b*k .. b*k + k - 1`` of every shared buffer, and a worker hosts whole
+blocks. :class:`BlockHost` executes :mod:`aiovec._protocol` commands on them with the
+same reply format as :class:`~aiovec._host.EnvHost`, so backends, the scheduler and the
+ready-queue treat a block's rows like any other envs.
+
+Invariants:
+
+- a step addresses whole blocks (the vector env refuses anything else before sending);
+- a block autoresets itself, in its own ``metadata["autoreset_mode"]``: the vector env
+  checks that this is the mode it was asked for;
+- one failure of a block is one :class:`~aiovec._protocol.ErrorInfo` that stands for
+  all its rows (``ErrorInfo.env_ids``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from aiovec._buffers import Buffers
+from aiovec._host import EnvBuildError, EnvHost, _close_quietly, build_envs, describe, error_info
+from aiovec._protocol import Call, Command, ErrorInfo, Reply, Reset, SetAttr, Step
+from aiovec._spaces import batch_values, copy_buffer, is_shareable, split_batch, write_rows
+
+
+class BlockFactory:
+    """A picklable ``() -> VectorEnv``: ``make(*args, num_envs=num_envs, **kwargs)``,
+    then each of ``wrappers`` (vector wrappers) in order."""
+
+    def __init__(
+        self,
+        make: Callable[..., VectorEnv],
+        num_envs: int,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        wrappers: Sequence[Callable[[VectorEnv], VectorEnv]] = (),
+    ) -> None:
+        self.make, self.num_envs, self.args = make, num_envs, args
+        self.kwargs, self.wrappers = kwargs or {}, tuple(wrappers)
+
+    def __call__(self) -> VectorEnv:
+        block = self.make(*self.args, num_envs=self.num_envs, **self.kwargs)
+        for wrapper in self.wrappers:
+            block = wrapper(block)
+        return block
+
+    def __repr__(self) -> str:
+        target = getattr(self.make, "__qualname__", repr(self.make))
+        arguments = [repr(a) for a in self.args] + [f"num_envs={self.num_envs}"]
+        arguments += [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"{target}({', '.join(arguments)})"
+
+
+def build_blocks(
+    block_fns: dict[int, Callable[[], VectorEnv]], envs_per_block: int
+) -> dict[int, VectorEnv]:
+    """Call each block factory (keyed by the block's first row); check that each returns
+    a ``VectorEnv`` of ``envs_per_block`` envs. On the first failure close what was
+    built and raise :class:`~aiovec._host.EnvBuildError`."""
+    blocks: dict[int, VectorEnv] = {}
+    for first_row, block_fn in block_fns.items():
+        try:
+            blocks[first_row] = _checked_block(block_fn(), envs_per_block)
+        except Exception as exc:
+            for built in blocks.values():
+                _close_quietly(built)
+            raise EnvBuildError(error_info(first_row, "make", exc)) from exc
+    return blocks
+
+
+def _checked_block(block: Any, envs_per_block: int) -> VectorEnv:
+    if not isinstance(block, VectorEnv):
+        _close_quietly(block)
+        raise TypeError(
+            f"the batched env factory returned {type(block).__name__}, not a "
+            "gymnasium.vector.VectorEnv; with vectorization_mode='vector_entry_point' (or "
+            "envs_per_block) a factory is called as factory(num_envs=k, **env_kwargs) and "
+            "must return a VectorEnv of k envs"
+        )
+    if block.num_envs != envs_per_block:
+        _close_quietly(block)
+        raise ValueError(
+            f"the batched env factory returned a VectorEnv of {block.num_envs} envs, but "
+            f"envs_per_block={envs_per_block}: it must honour its num_envs argument"
+        )
+    return block
+
+
+def describe_block(block: VectorEnv) -> list[tuple[Any, ...]]:
+    """:func:`~aiovec._host.describe` for each row of ``block`` (its single spaces)."""
+    metadata = dict(block.metadata)
+    metadata.setdefault("autoreset_mode", AutoresetMode.NEXT_STEP)
+    description = (
+        block.single_observation_space,
+        block.single_action_space,
+        metadata,
+        block.render_mode,
+        getattr(block, "spec", None),
+    )
+    return [description] * block.num_envs
+
+
+def build_host(
+    env_fns: dict[int, Callable[[], Any]],
+    autoreset_mode: AutoresetMode,
+    max_restarts: int = 0,
+    envs_per_block: int = 1,
+) -> tuple[EnvHost | BlockHost, list[tuple[Any, ...]]]:
+    """A host for ``env_fns`` (keyed by env id; with ``envs_per_block > 1``, block
+    factories keyed by their block's first row) and the description of each env.
+
+    Raises:
+        EnvBuildError: a factory raised (or returned something else than it must).
+    """
+    if envs_per_block > 1:
+        blocks = build_blocks(env_fns, envs_per_block)
+        descriptions = [d for block in blocks.values() for d in describe_block(block)]
+        host: EnvHost | BlockHost = BlockHost(
+            blocks, envs_per_block, block_fns=env_fns, max_restarts=max_restarts
+        )
+        return host, descriptions
+    envs = build_envs(env_fns)
+    host = EnvHost(envs, autoreset_mode, None, env_fns=env_fns, max_restarts=max_restarts)
+    return host, [describe(env) for env in envs.values()]
+
+
+class BlockHost:
+    """Executes commands on blocks (keyed by their first row), whole blocks at a time.
+
+    With ``block_fns`` and ``max_restarts > 0``, a block that raises in ``step`` is
+    rebuilt, reset, and answers for each of its rows with the fresh observation,
+    ``truncated=True`` and ``info["restarted"] = True``: the same contract as
+    :class:`~aiovec._host.EnvHost` for single envs.
+    """
+
+    #: Blocks are stepped one after the other by the serving thread (never in threads).
+    threads = None
+
+    def __init__(
+        self,
+        blocks: dict[int, VectorEnv],
+        envs_per_block: int,
+        buffers: Buffers | None = None,
+        block_fns: dict[int, Callable[[], VectorEnv]] | None = None,
+        max_restarts: int = 0,
+    ) -> None:
+        self.envs = blocks  # first row -> block (the name EnvHost's users read)
+        self.envs_per_block = envs_per_block
+        first = next(iter(blocks.values()))
+        mode = first.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        self._next_step = AutoresetMode(mode) is AutoresetMode.NEXT_STEP
+        self._block_fns = block_fns or {}
+        self._max_restarts = max_restarts if block_fns else 0
+        self._failures_in_a_row = dict.fromkeys(blocks, 0)
+        self._restart_notices: dict[int, str] = {}  # first row -> why the block was rebuilt
+        # First rows of restarted blocks whose next step is a reset (NEXT_STEP reports a
+        # restart as a truncation, after which a step resets, as for single envs).
+        self._owes_reset: set[int] = set()
+        self._observation_space = first.observation_space  # batched, for splitting
+        self._single_action_space = first.single_action_space
+        self._busy = 0.0
+        self._ranges: dict[tuple[int, int], list[int]] = {}  # (first, count) -> its rows
+        #: The rows hosted, in order (a Step for all of them may travel without them).
+        self.group = [
+            first_row + offset for first_row in blocks for offset in range(envs_per_block)
+        ]
+        self._whole_group = [
+            (first_row, range(index * envs_per_block, (index + 1) * envs_per_block))
+            for index, first_row in enumerate(blocks)
+        ]
+        # Observations of spaces not in shared memory, sent back in the reply, by row.
+        self._observations: dict[int, Any] | None = (
+            None if is_shareable(first.single_observation_space) else {}
+        )
+        if buffers is not None:
+            self.attach(buffers)
+
+    def attach(self, buffers: Buffers) -> None:
+        """Use ``buffers`` for actions and results; required before the first command."""
+        self.buffers = buffers
+
+    # --- commands ---------------------------------------------------------------------------
+
+    def execute(self, command: Command) -> Reply:
+        """Run ``command`` on each of its blocks and describe the outcome."""
+        started = time.perf_counter()
+        if type(command) is Step:
+            reply = self._step_blocks(command, self._blocks_of(command.env_ids))
+        else:
+            reply = self._execute_other(command)
+        self._busy += time.perf_counter() - started
+        reply.busy = self.take_busy()
+        return reply
+
+    def take_busy(self) -> float:
+        """Seconds spent running blocks since the last call (what a reply reports)."""
+        busy, self._busy = self._busy, 0.0
+        return busy
+
+    def stream_step(self, send: Callable[[Reply], None], command: Step) -> None:
+        """Step ``command``'s blocks one after the other, sending each block's results
+        as soon as it is done (first-ready at block granularity)."""
+        for first_row, positions in self._blocks_of(command.env_ids):
+            started = time.perf_counter()
+            reply = self._step_blocks(command, [(first_row, positions)])
+            self._busy += time.perf_counter() - started
+            reply.busy = self.take_busy()
+            send(reply)
+
+    def _blocks_of(self, env_ids: list[int]) -> list[tuple[int, Sequence[int]]]:
+        """``(first row, positions in env_ids of its rows)`` per block, in block order."""
+        if env_ids is self.group:
+            return self._whole_group
+        size = self.envs_per_block
+        first, count = env_ids[0], len(env_ids)
+        if first % size == 0 and count % size == 0 and env_ids[-1] == first + count - 1:
+            whole = self._ranges.get((first, count))
+            if whole is None:
+                whole = self._ranges[first, count] = list(range(first, first + count))
+            if env_ids == whole:  # whole blocks, in order (a C-level comparison)
+                return [
+                    (first + start, range(start, start + size)) for start in range(0, count, size)
+                ]
+        positions: dict[int, list[int]] = {}
+        for position, env_id in enumerate(env_ids):
+            positions.setdefault(env_id - env_id % size, []).append(position)
+        return sorted(positions.items())
+
+    def _step_blocks(self, command: Step, blocks: list[tuple[int, Sequence[int]]]) -> Reply:
+        size = self.envs_per_block
+        infos: list[Any] | None = None  # built once a block has an info
+        errors: list[ErrorInfo] = []
+        progressed = False
+        for index, (first_row, positions) in enumerate(blocks):
+            if len(positions) != size:
+                error = ValueError(
+                    f"a step must address whole blocks: rows {first_row}..{first_row + size - 1}"
+                    f" form one batched env, but {len(positions)} of them were sent"
+                )
+                block_infos, failure, stepped = None, self._error(first_row, "step", error), False
+            else:
+                block_infos, failure, stepped = self._step_block(first_row, command, positions)
+            if block_infos is not None:
+                if infos is None:
+                    infos = [None] * (index * size)
+                infos += block_infos
+            elif infos is not None:
+                infos += [None] * size
+            if failure is not None:
+                errors.append(failure)
+            progressed = progressed or stepped
+        if len(blocks) * size == len(command.env_ids) and type(blocks[0][1]) is range:
+            env_ids = command.env_ids  # whole blocks in order: the rows as sent
+        else:
+            env_ids = [first + offset for first, _ in blocks for offset in range(size)]
+        return Reply(
+            seq=command.seq,
+            env_ids=env_ids,
+            infos=infos,
+            observations=self._observations_of(env_ids),
+            errors=errors or None,
+            progressed=progressed,
+        )
+
+    def _step_block(
+        self, first_row: int, command: Step, positions: Sequence[int]
+    ) -> tuple[list[Any] | None, ErrorInfo | None, bool]:
+        """``(per-row infos or None, error, whether a real step happened)`` for one block."""
+        size = self.envs_per_block
+        reason = self._restart_notices.pop(first_row, None)
+        try:
+            if reason is not None:  # the worker was rebuilt: answer with the fresh block
+                return self._restarted(first_row, reason), None, False
+            if first_row in self._owes_reset:
+                self._owes_reset.discard(first_row)
+                observations, info = self.envs[first_row].reset()
+                self._write(first_row, observations, 0.0, False, False)
+                return split_infos(info, size), None, False
+            actions = self._block_actions(first_row, command, positions)
+            result = self.envs[first_row].step(actions)
+            observations, rewards, terminations, truncations, info = result
+            self._write(first_row, observations, rewards, terminations, truncations)
+            self._failures_in_a_row[first_row] = 0
+            return split_infos(info, size), None, True
+        except Exception as exc:
+            return self._recover(first_row, exc)
+
+    def _block_actions(self, first_row: int, command: Step, positions: Sequence[int]) -> Any:
+        """The block's batch of actions, in row order: a private copy (a block may keep
+        its actions; the shared buffer is rewritten by the next send)."""
+        size = self.envs_per_block
+        if command.actions is None:  # in shared memory
+            return copy_buffer(_rows(self.buffers.actions, slice(first_row, first_row + size)))
+        by_row = {command.env_ids[p]: command.actions[p] for p in positions}
+        values = [by_row[row] for row in range(first_row, first_row + size)]
+        return stack_actions(self._single_action_space, values)
+
+    def _write(
+        self, first_row: int, observations: Any, rewards: Any, terminations: Any, truncations: Any
+    ) -> None:
+        rows = slice(first_row, first_row + self.envs_per_block)
+        self._write_observations(first_row, observations)
+        buffers = self.buffers
+        buffers.rewards[rows] = rewards
+        buffers.terminations[rows] = terminations
+        buffers.truncations[rows] = truncations
+
+    def _write_observations(self, first_row: int, observations: Any, mask: Any = None) -> None:
+        size = self.envs_per_block
+        if self._observations is not None:
+            for offset, item in enumerate(split_batch(self._observation_space, observations)):
+                if mask is None or mask[offset]:
+                    self._observations[first_row + offset] = item
+            return
+        rows: Any = slice(first_row, first_row + size)
+        if mask is not None:
+            rows = [first_row + offset for offset in np.flatnonzero(mask)]
+            observations = _rows(observations, np.flatnonzero(mask))
+        try:
+            write_rows(self.buffers.observations, rows, observations)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise ValueError(
+                "the batched env returned observations that do not fit its "
+                f"single_observation_space batched {size} times: {exc}"
+            ) from None
+
+    def _recover(
+        self, first_row: int, exc: Exception
+    ) -> tuple[list[Any] | None, ErrorInfo | None, bool]:
+        """Rebuild and reset the block after ``exc`` (restart policy), or report ``exc``."""
+        self._failures_in_a_row[first_row] += 1
+        while self._failures_in_a_row[first_row] <= self._max_restarts:
+            _close_quietly(self.envs[first_row])
+            try:
+                block = _checked_block(self._block_fns[first_row](), self.envs_per_block)
+                self.envs[first_row] = block
+                return self._restarted(first_row, f"{type(exc).__qualname__}: {exc}"), None, False
+            except Exception as failure:  # rebuilding failed too: that counts as a failure
+                exc = failure
+                self._failures_in_a_row[first_row] += 1
+        return None, self._error(first_row, "step", exc), False
+
+    def _restarted(self, first_row: int, reason: str) -> list[Any]:
+        observations, info = self.envs[first_row].reset()
+        self._write(first_row, observations, 0.0, False, True)
+        if self._next_step:
+            self._owes_reset.add(first_row)
+        row_infos = split_infos(info, self.envs_per_block) or [{}] * self.envs_per_block
+        return [{**row_info, "restarted": True, "restart_reason": reason} for row_info in row_infos]
+
+    def _error(self, first_row: int, operation: str, exc: BaseException) -> ErrorInfo:
+        """One error standing for every row of the block."""
+        last_row = first_row + self.envs_per_block - 1
+        operation = f"{operation} (batched env of envs {first_row}..{last_row})"
+        info = error_info(first_row, operation, exc)
+        info.env_ids = list(range(first_row, last_row + 1))
+        return info
+
+    def _execute_other(self, command: Command) -> Reply:
+        env_ids = command.env_ids
+        results: list[Any] = [None] * len(env_ids)
+        infos: list[Any] = [None] * len(env_ids)
+        errors: list[ErrorInfo] = []
+        name = {Reset: "reset", SetAttr: "set_attr", Call: "call"}.get(type(command), "?")
+        for first_row, positions in self._blocks_of(env_ids):
+            try:
+                if isinstance(command, Reset):
+                    row_infos = self._reset_block(first_row, command, positions)
+                    if row_infos is not None:
+                        for position in positions:
+                            infos[position] = row_infos[env_ids[position] - first_row]
+                elif isinstance(command, Call):
+                    values = self._call_block(first_row, command)
+                    for position in positions:
+                        results[position] = values[env_ids[position] - first_row]
+                elif isinstance(command, SetAttr):
+                    self._set_attr_block(first_row, command, positions)
+                else:
+                    raise TypeError(f"unexpected command {command!r}")
+            except Exception as exc:
+                if isinstance(command, Call):
+                    name = command.name
+                errors.append(self._error(first_row, name, exc))
+        is_reset = isinstance(command, Reset)
+        return Reply(
+            seq=command.seq,
+            env_ids=env_ids,
+            infos=infos if is_reset and any(infos) else None,
+            values=results if isinstance(command, Call) else None,
+            observations=self._observations_of(env_ids) if is_reset else None,
+            errors=errors or None,
+        )
+
+    def _reset_block(
+        self, first_row: int, command: Reset, positions: Sequence[int]
+    ) -> list[Any] | None:
+        """Reset the block's rows at ``positions`` of ``command``: all of them, or (a
+        partial reset) those in ``options["reset_mask"]``, which the block must support."""
+        size = self.envs_per_block
+        offsets = [command.env_ids[p] - first_row for p in positions]
+        seeds = [command.seeds[p] for p in positions]
+        options = command.options
+        if command.per_env_options:
+            chosen = [command.options[p] for p in positions]
+            if any(item != chosen[0] for item in chosen[1:]):
+                raise ValueError(
+                    "reset options differ between envs of one batched env; a batched env "
+                    "takes one options dict per block"
+                )
+            options = chosen[0]
+        whole = len(positions) == size
+        seed: Any = None
+        if any(s is not None for s in seeds):
+            consecutive = all(
+                s == seeds[0] + offset - offsets[0] for s, offset in zip(seeds, offsets)
+            )
+            # An int seeds the block as Gymnasium seeds a vector env (row i: seed + i).
+            seed = seeds[0] if whole and consecutive else _seed_list(size, offsets, seeds)
+        mask = None
+        if not whole:
+            mask = np.zeros(size, dtype=np.bool_)
+            mask[offsets] = True
+            options = {**(options or {}), "reset_mask": mask}
+        observations, info = self.envs[first_row].reset(seed=seed, options=options)
+        rows = slice(first_row, first_row + size)
+        self._write_observations(first_row, observations, mask)
+        if whole:
+            self.buffers.terminations[rows] = False
+            self.buffers.truncations[rows] = False
+            self._restart_notices.pop(first_row, None)
+            self._owes_reset.discard(first_row)
+        else:
+            for offset in offsets:
+                self.buffers.terminations[first_row + offset] = False
+                self.buffers.truncations[first_row + offset] = False
+        return split_infos(info, size)
+
+    def _call_block(self, first_row: int, command: Call) -> list[Any]:
+        """One call on the block; each row gets its result, except for a per-env
+        sequence of results (a vector env's ``render``, ``call``), which is split."""
+        block = self.envs[first_row]
+        args, kwargs = command.args or (), command.kwargs or {}
+        if command.function is not None:
+            value = command.function(block, *args, **kwargs)
+        else:
+            attribute = getattr(block, command.name)
+            value = attribute(*args, **kwargs) if callable(attribute) else attribute
+        per_env = command.name in _PER_ENV_CALLS and isinstance(value, (list, tuple))
+        if per_env and len(value) == self.envs_per_block:
+            return list(value)
+        return [value] * self.envs_per_block
+
+    def _set_attr_block(self, first_row: int, command: SetAttr, positions: Sequence[int]) -> None:
+        values = [command.values[p] for p in positions]
+        if any(not _same(value, values[0]) for value in values[1:]):
+            raise ValueError(
+                f"set_attr({command.name!r}) gives envs of one batched env different "
+                "values; a batched env has one attribute per block: give its rows one value"
+            )
+        setattr(self.envs[first_row], command.name, values[0])
+
+    def _observations_of(self, env_ids: list[int]) -> list[Any] | None:
+        if self._observations is None:
+            return None
+        return [self._observations.get(env_id) for env_id in env_ids]
+
+    def notify_restart(self, reason: str, env_ids: list[int] | None = None) -> None:
+        """The next step of each block of ``env_ids`` (default: all) reports a restart."""
+        size = self.envs_per_block
+        firsts = self.envs if env_ids is None else {e - e % size for e in env_ids}
+        self._restart_notices.update(dict.fromkeys(firsts, reason))
+
+    def close(self) -> None:
+        """Close every block, ignoring their errors (closing must always finish)."""
+        for block in self.envs.values():
+            _close_quietly(block)
+
+
+#: Calls whose result a vector env gives per env (split between the block's rows).
+_PER_ENV_CALLS = frozenset({"render", "call", "get_attr"})
+
+
+def split_infos(info: dict[str, Any], size: int) -> list[dict[str, Any]] | None:
+    """A vector env's ``info`` dict (``key`` / ``_key`` mask pairs, nested dicts alike)
+    as one dict per env, as its envs would have returned them; ``None`` for no info."""
+    if not info:
+        return None
+    rows: list[dict[str, Any]] = [{} for _ in range(size)]
+    for key, value in info.items():
+        if key.startswith("_") and key[1:] in info:
+            continue  # a mask, read with its key
+        mask = info.get(f"_{key}")
+        if mask is None:  # no mask: a per-env array, or one value for every env
+            indices: Any = range(size)
+        else:
+            indices = np.flatnonzero(mask)
+        if isinstance(value, dict):
+            nested = split_infos(value, size) or [{}] * size
+            for index in indices:
+                rows[index][key] = nested[index]
+        elif isinstance(value, np.ndarray) and value.ndim > 0 and len(value) == size:
+            for index in indices:
+                rows[index][key] = value[index]
+        else:
+            for index in indices:
+                rows[index][key] = value
+    return rows
+
+
+def stack_actions(space: spaces.Space, values: list[Any]) -> Any:
+    """One action per env as a block's batch: arrays keep the dtype the caller gave
+    them (as Gymnasium hands an env what the caller passed); other values are batched
+    as Gymnasium batches the space."""
+    first = values[0]
+    if isinstance(first, (np.ndarray, np.generic)):
+        return np.stack(values)
+    if isinstance(space, spaces.Dict) and isinstance(first, dict):
+        return {key: stack_actions(space[key], [v[key] for v in values]) for key in space}
+    if isinstance(space, spaces.Tuple) and isinstance(first, tuple):
+        return tuple(
+            stack_actions(sub, [v[index] for v in values]) for index, sub in enumerate(space)
+        )
+    return batch_values(space, values)
+
+
+def _rows(batch: Any, rows: Any) -> Any:
+    """The rows ``rows`` (a slice or indices) of a batch (arrays, dicts and tuples of them)."""
+    if isinstance(batch, dict):
+        return {key: _rows(item, rows) for key, item in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_rows(item, rows) for item in batch)
+    return batch[rows]
+
+
+def _seed_list(size: int, offsets: list[int], seeds: list[Any]) -> list[Any]:
+    full: list[Any] = [None] * size
+    for offset, seed in zip(offsets, seeds):
+        full[offset] = seed
+    return full
+
+
+def _same(value: Any, other: Any) -> bool:
+    if value is other:
+        return True
+    try:
+        if isinstance(value, np.ndarray):
+            return bool(np.array_equal(value, other))
+        return bool(value == other)
+    except Exception:
+        return False

@@ -1,0 +1,418 @@
+"""Batched envs ("blocks"): a gymnasium VectorEnv of k envs per block, behind the same
+vector-env API, on every backend that hosts blocks (inline and process)."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import aiovec
+from aiovec._blocks import split_infos
+from tests.batched import PointMassVectorEnv, point_masses
+
+pytestmark = pytest.mark.timeout(120)
+
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
+
+
+def assert_same(actual, expected, path="infos"):
+    """Nested dicts / arrays / object arrays equal, key for key."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), path
+        assert sorted(actual) == sorted(expected), f"{path}: {sorted(actual)} vs {sorted(expected)}"
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
+    elif isinstance(expected, np.ndarray) and expected.dtype == object:
+        assert len(actual) == len(expected), path
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{path}[{index}]")
+    elif expected is None:
+        assert actual is None, path
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=path)
+
+
+def cartpole_blocks(num_envs, mode):
+    """A batched CartPole in ``mode``: the vector entry point (NEXT_STEP, its only mode)
+    or Gymnasium's sync vector env of CartPoles for the other modes."""
+    if mode is AutoresetMode.NEXT_STEP:
+        return gym.make_vec("CartPole-v1", num_envs, vectorization_mode="vector_entry_point")
+    return gym.make_vec(
+        "CartPole-v1", num_envs, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode}
+    )
+
+
+def run_parity(venv, references, k, steps, seed, action_of):
+    """Step ``venv`` and the reference blocks side by side; compare everything."""
+    obs, infos = venv.reset(seed=seed)
+    expected = [ref.reset(seed=seed + index * k) for index, ref in enumerate(references)]
+    np.testing.assert_array_equal(obs, np.concatenate([e[0] for e in expected]))
+    rng = np.random.default_rng(seed)
+    mode = venv.autoreset_mode
+    ended = 0
+    for _ in range(steps):
+        actions = action_of(rng, venv.num_envs)
+        got = venv.step(actions)
+        outs = [ref.step(actions[i * k : (i + 1) * k]) for i, ref in enumerate(references)]
+        for field in range(4):
+            np.testing.assert_array_equal(got[field], np.concatenate([o[field] for o in outs]))
+        expected_infos: dict = {}
+        for index, out in enumerate(outs):
+            for offset, row in enumerate(split_infos(out[4], k) or [{}] * k):
+                if row:
+                    expected_infos = venv._add_info(expected_infos, row, index * k + offset)
+        assert_same(got[4], expected_infos)
+        done = got[2] | got[3]
+        ended += int(done.sum())
+        if mode is AutoresetMode.DISABLED and done.any():
+            obs, _ = venv.reset(options={"reset_mask": done})
+            for index, ref in enumerate(references):
+                mask = done[index * k : (index + 1) * k]
+                if mask.any():
+                    ref.reset(options={"reset_mask": mask})
+    assert ended > 0, "the run must cross episode ends"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batched_cartpole_matches_the_vector_env_stepped_directly(backend, mode):
+    k = 4
+    factory = partial(cartpole_blocks, mode=mode)
+    references = [cartpole_blocks(k, mode) for _ in range(2)]
+    with aiovec.make(
+        factory, 2 * k, vectorization_mode="vector_entry_point", envs_per_block=k, backend=backend
+    ) as venv:
+        assert venv.autoreset_mode is mode
+        assert venv.envs_per_block == k and venv.num_envs == 2 * k
+        run_parity(venv, references, k, 250, 7, lambda rng, n: rng.integers(0, 2, n))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_numpy_batched_env_matches_itself_stepped_directly(backend, mode):
+    k = 3
+    references = [PointMassVectorEnv(k, mode) for _ in range(3)]
+    with aiovec.make(
+        point_masses,
+        3 * k,
+        envs_per_block=k,
+        backend=backend,
+        env_kwargs={"autoreset_mode": mode},
+    ) as venv:
+        run_parity(
+            venv,
+            references,
+            k,
+            60,
+            3,
+            lambda rng, n: rng.uniform(-1, 1, (n, 1)).astype(np.float32),
+        )
+
+
+def test_the_registry_vector_entry_point_in_one_block_equals_make_vec():
+    reference = gym.make_vec("CartPole-v1", 16, vectorization_mode="vector_entry_point")
+    with aiovec.make(
+        "CartPole-v1", 16, vectorization_mode="vector_entry_point", backend="inline"
+    ) as venv:
+        assert venv.envs_per_block == 16
+        assert venv.spec.id == "CartPole-v1"
+        run_parity(venv, [reference], 16, 200, 11, lambda rng, n: rng.integers(0, 2, n))
+
+
+def test_dict_observations_of_blocks_reach_the_shared_buffers(backend):
+    with aiovec.make(
+        point_masses, 4, envs_per_block=2, backend=backend, env_kwargs={"dict_obs": True}
+    ) as venv:
+        obs, _ = venv.reset(seed=0)
+        assert venv.observation_space.contains(obs)
+        obs, *_ = venv.step(np.zeros((4, 1), np.float32))
+        np.testing.assert_array_equal(obs["steps"], [1, 1, 1, 1])
+
+
+def test_per_block_env_kwargs_and_attributes(backend):
+    with aiovec.make(
+        point_masses,
+        6,
+        envs_per_block=2,
+        backend=backend,
+        env_kwargs=lambda block: {"gain": float(block + 1)},
+    ) as venv:
+        assert venv.get_attr("gain") == (1.0, 1.0, 2.0, 2.0, 3.0, 3.0)
+        venv.set_attr("gain", [5.0, 5.0, 6.0, 6.0, 7.0, 7.0])
+        assert venv.get_attr("gain") == (5.0, 5.0, 6.0, 6.0, 7.0, 7.0)
+        venv.set_attr("gain", 9.0, env_ids=[2, 3])
+        assert venv.get_attr("gain") == (5.0, 5.0, 9.0, 9.0, 7.0, 7.0)
+        with pytest.raises(ValueError, match="part of a batched env: envs 2..3"):
+            venv.set_attr("gain", 1.0, env_ids=[2])
+        with pytest.raises(ValueError, match="one value"):
+            venv.set_attr("gain", [1.0, 2.0, 6.0, 6.0, 7.0, 7.0])
+        assert venv.call("_observations")[0].shape == (2, 2)  # each row: its block's result
+
+
+def test_env_kwargs_as_a_list_needs_one_dict_per_block():
+    with pytest.raises(ValueError, match="2 entries for 3 blocks"):
+        aiovec.make(point_masses, 6, envs_per_block=2, env_kwargs=[{}, {}], backend="inline")
+    with aiovec.make(
+        point_masses,
+        4,
+        envs_per_block=2,
+        env_kwargs=[{"gain": 1.0}, {"gain": 2.0}],
+        backend="inline",
+    ) as venv:
+        assert venv.get_attr("gain") == (1.0, 1.0, 2.0, 2.0)
+
+
+def test_send_refuses_part_of_a_block_before_anything_is_sent(backend):
+    with aiovec.make(point_masses, 4, envs_per_block=2, backend=backend) as venv:
+        venv.reset(seed=0)
+
+        async def main():
+            with pytest.raises(ValueError, match=r"envs 2..3 form one block \(envs_per_block=2\)"):
+                venv.send(np.zeros((3, 1), np.float32), env_ids=[0, 1, 2])
+            venv.send(np.zeros((2, 1), np.float32), env_ids=[3, 2])  # whole, any order
+            batch = await venv.recv()
+            assert sorted(batch.env_ids.tolist()) == [2, 3]
+            venv.send(np.zeros((4, 1), np.float32))
+            batch = await venv.recv(max_envs=3)  # rounds down to whole blocks
+            assert len(batch.env_ids) == 2
+            rest = await venv.recv()
+            assert sorted(batch.env_ids.tolist() + rest.env_ids.tolist()) == [0, 1, 2, 3]
+
+        aiovec.run(main())
+
+
+def test_recv_returns_fast_blocks_before_slow_ones():
+    # Block 0 sleeps 0.4 s per step, blocks 1 and 2 none: first-ready at block level.
+    with aiovec.make(
+        point_masses,
+        6,
+        envs_per_block=2,
+        backend="process",
+        num_workers=3,
+        env_kwargs=lambda block: {"step_sleep": 0.4 if block == 0 else 0.0},
+    ) as venv:
+
+        async def main():
+            await venv.areset(seed=0)
+            venv.send(np.zeros((6, 1), np.float32))
+            first = await venv.recv(min_envs=4)
+            assert sorted(first.env_ids.tolist()) == [2, 3, 4, 5]
+            venv.send(np.zeros((4, 1), np.float32), env_ids=first.env_ids)
+            again = await venv.recv(min_envs=4)  # the fast blocks step again meanwhile
+            assert sorted(again.env_ids.tolist()) == [2, 3, 4, 5]
+            slow = await venv.recv()
+            assert sorted(slow.env_ids.tolist()) == [0, 1]
+
+        aiovec.run(main())
+
+
+def test_a_raising_block_is_one_error_naming_its_envs(backend):
+    with aiovec.make(
+        point_masses,
+        4,
+        envs_per_block=2,
+        backend=backend,
+        env_kwargs=[{}, {"fail_at": 3}],
+    ) as venv:
+        venv.reset(seed=0)
+        actions = np.zeros((4, 1), np.float32)
+        venv.step(actions)
+        venv.step(actions)
+        with pytest.raises(aiovec.EnvError, match=r"batched env of envs 2..3") as caught:
+            venv.step(actions)
+        assert caught.value.env_index == 2
+        assert isinstance(caught.value, RuntimeError)
+        assert "block failed on step 3" in caught.value.worker_traceback
+
+        async def first_ready():  # the good block's results stay; the bad one: one error
+            venv.send(actions)
+            errors, good = 0, []
+            while len(good) + 2 * errors < 4:
+                try:
+                    good += (await venv.recv()).env_ids.tolist()
+                except aiovec.EnvError:
+                    errors += 1
+            assert errors == 1 and sorted(good) == [0, 1]
+
+        venv.reset(seed=1)
+        aiovec.run(first_ready())
+
+
+def test_a_raising_block_is_restarted(backend):
+    with aiovec.make(
+        point_masses,
+        4,
+        envs_per_block=2,
+        backend=backend,
+        on_failure="restart",
+        env_kwargs=[{}, {"fail_at": 2}],
+    ) as venv:
+        venv.reset(seed=0)
+        actions = np.zeros((4, 1), np.float32)
+        venv.step(actions)
+        obs, rewards, terminated, truncated, infos = venv.step(actions)
+        np.testing.assert_array_equal(truncated, [False, False, True, True])
+        np.testing.assert_array_equal(infos["restarted"], [False, False, True, True])
+        np.testing.assert_array_equal(infos["_restarted"], [False, False, True, True])
+        assert "block failed on step 2" in infos["restart_reason"][2]
+        np.testing.assert_array_equal(venv.restart_counts, [0, 0, 1, 1])
+        # NEXT_STEP: the step after a truncation resets those rows, as for single envs.
+        obs, rewards, terminated, truncated, infos = venv.step(actions)
+        np.testing.assert_array_equal(rewards[2:], [0.0, 0.0])
+        np.testing.assert_array_equal(truncated, [False] * 4)
+        venv.step(actions)  # the rebuilt block steps on
+
+
+def test_a_crashing_worker_of_blocks(no_leaks):
+    env_kwargs = [{}, {"crash_at": 2}]
+    with aiovec.make(
+        point_masses, 4, envs_per_block=2, backend="process", env_kwargs=env_kwargs
+    ) as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros((4, 1), np.float32))
+        with pytest.raises(aiovec.WorkerCrashedError, match=r"envs \[2, 3\]"):
+            venv.step(np.zeros((4, 1), np.float32))
+    with aiovec.make(
+        point_masses,
+        4,
+        envs_per_block=2,
+        backend="process",
+        on_failure="restart",
+        env_kwargs=[{}, {"crash_at": 2}],
+    ) as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros((4, 1), np.float32))
+        *_, truncated, infos = venv.step(np.zeros((4, 1), np.float32))
+        np.testing.assert_array_equal(truncated, [False, False, True, True])
+        np.testing.assert_array_equal(infos["_restarted"], [False, False, True, True])
+        assert venv.worker_restarts == (0, 1)
+
+
+def test_async_api_and_partial_resets(backend):
+    with aiovec.make(
+        point_masses,
+        4,
+        envs_per_block=2,
+        backend=backend,
+        env_kwargs={"autoreset_mode": "Disabled"},
+    ) as venv:
+
+        async def main():
+            obs, _ = await venv.areset(seed=0)
+            obs2, *_ = await venv.astep(np.zeros((4, 1), np.float32))
+            assert not np.array_equal(obs, obs2)
+            # DISABLED mode: a block must honour reset_mask, so a partial reset is allowed.
+            obs3, _ = await venv.areset(options={"reset_mask": np.array([0, 1, 0, 0], bool)})
+            np.testing.assert_array_equal(obs3[[0, 2, 3]], obs2[[0, 2, 3]])
+            assert not np.array_equal(obs3[1], obs2[1])
+
+        aiovec.run(main())
+    with aiovec.make(point_masses, 4, envs_per_block=2, backend=backend) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(ValueError, match="part of a batched env"):
+            venv.reset(options={"reset_mask": np.array([0, 1, 0, 0], bool)})
+        obs, _ = venv.reset(options={"reset_mask": np.array([0, 0, 1, 1], bool)})
+
+
+def test_bad_batched_env_arguments_get_clear_errors():
+    with pytest.raises(ValueError, match="divides num_envs=6"):
+        aiovec.make(point_masses, 6, envs_per_block=4)
+    with pytest.raises(ValueError, match="no vector_entry_point"):
+        aiovec.make("Pendulum-v1", 4, vectorization_mode="vector_entry_point")
+    with pytest.raises(ValueError, match="vectorization_mode must be"):
+        aiovec.make("CartPole-v1", 4, vectorization_mode="threads")
+    with pytest.raises(aiovec.EnvError, match="not a gymnasium.vector.VectorEnv"):
+        aiovec.make(lambda num_envs: gym.make("CartPole-v1"), 4, envs_per_block=2, backend="inline")
+    with pytest.raises(aiovec.EnvError, match="VectorEnv of 3 envs, but envs_per_block=2"):
+        aiovec.make(lambda num_envs: PointMassVectorEnv(3), 4, envs_per_block=2, backend="inline")
+    with pytest.raises(ValueError, match="autoreset in AutoresetMode.NEXT_STEP mode"):
+        aiovec.make(point_masses, 4, envs_per_block=2, backend="inline", autoreset_mode="SameStep")
+    with pytest.raises(ValueError, match="'process', 'inline' and 'ray' backends"):
+        aiovec.VecEnv([partial(PointMassVectorEnv, 2)], envs_per_block=2, backend="coroutine")
+
+
+def test_auto_picks_a_layout_of_whole_blocks():
+    with aiovec.make("CartPole-v1", 64, vectorization_mode="vector_entry_point") as venv:
+        assert venv.num_envs == 64 and 64 % venv.envs_per_block == 0
+        assert venv.backend in ("inline", "process")
+        venv.reset(seed=0)
+        venv.step(np.zeros(64, np.int64))
+    with aiovec.make(point_masses, 4, envs_per_block=2) as venv:  # explicit blocks: workers
+        assert venv.backend == "process" and venv.num_workers == 2
+
+
+def test_render_of_a_block_is_split_per_env(backend):
+    with aiovec.make(
+        point_masses, 4, envs_per_block=2, backend=backend, render_mode="rgb_array"
+    ) as venv:
+        assert venv.render_mode == "rgb_array"
+        venv.reset(seed=0)
+        frames = venv.render()
+        assert len(frames) == 4 and frames[0].shape == (8, 8, 3)
+
+
+def test_closing_blocks_leaves_nothing_behind(no_leaks):
+    venv = aiovec.make(point_masses, 8, envs_per_block=4, backend="process")
+    venv.reset(seed=0)
+    venv.step(np.zeros((8, 1), np.float32))
+    venv.close()
+
+
+def test_split_infos_inverts_gymnasium_batching():
+    env = PointMassVectorEnv(3, AutoresetMode.SAME_STEP, max_steps=1)
+    env.reset(seed=0)
+    *_, infos = env.step(np.zeros((3, 1), np.float32))
+    rows = split_infos(infos, 3)
+    assert all(set(row) == {"final_obs", "final_info"} for row in rows)
+    assert rows[1]["final_info"] == {"steps": 1}
+    assert split_infos({}, 3) is None
+    asyncio.run(asyncio.sleep(0))  # nothing left running
+
+
+class DtypeRecorder(PointMassVectorEnv):
+    """Records the dtype of the actions it receives."""
+
+    def step(self, actions):
+        self.last_dtype = np.asarray(actions).dtype
+        return super().step(np.asarray(actions, np.float32))
+
+
+def test_blocks_receive_actions_as_the_caller_passed_them(backend):
+    with aiovec.make(
+        lambda num_envs: DtypeRecorder(num_envs), 4, envs_per_block=2, backend=backend
+    ) as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros((4, 1), np.float32))
+        assert venv.get_attr("last_dtype")[0] == np.float32
+        venv.step(np.zeros((4, 1), np.float64))  # no silent conversion to the space's dtype
+        assert venv.get_attr("last_dtype") == (np.dtype(np.float64),) * 4
+
+
+class WordsVectorEnv(PointMassVectorEnv):
+    """Text observations (not in shared memory: they travel in the replies)."""
+
+    def __init__(self, num_envs, **kwargs):
+        super().__init__(num_envs, **kwargs)
+        self.single_observation_space = gym.spaces.Text(12)
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, num_envs
+        )
+
+    def _observations(self):
+        return tuple(f"x={position:+.2f}" for position in self.state[:, 0])
+
+
+def test_observations_outside_shared_memory_travel_per_row(backend):
+    with aiovec.make(
+        lambda num_envs: WordsVectorEnv(num_envs), 4, envs_per_block=2, backend=backend
+    ) as venv:
+        obs, _ = venv.reset(seed=0)
+        assert len(obs) == 4 and all(word.startswith("x=") for word in obs)
+        reference = [WordsVectorEnv(2), WordsVectorEnv(2)]
+        expected = reference[0].reset(seed=0)[0] + reference[1].reset(seed=2)[0]
+        assert obs == expected
+        obs, *_ = venv.step(np.ones((4, 1), np.float32))
+        assert obs == reference[0].step(np.ones((2, 1)))[0] + reference[1].step(np.ones((2, 1)))[0]
