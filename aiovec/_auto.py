@@ -18,6 +18,7 @@ its step time and the share of that time spent on the CPU:
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import socket
@@ -57,10 +58,12 @@ def probe_step_time(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
         # A batched env (gymnasium VectorEnv) resets its rows itself, unless DISABLED.
         batched = isinstance(env, VectorEnv)
         resets_itself = batched and env.metadata.get("autoreset_mode") != AutoresetMode.DISABLED
+        # Sampled beforehand: sampling a batch of thousands of actions is no step cost.
+        actions = [env.action_space.sample() for _ in range(8)]
         steps = 0
         wall_start, cpu_start = time.perf_counter(), time.thread_time()
         while steps < PROBE_MAX_STEPS and time.perf_counter() - wall_start < PROBE_SECONDS:
-            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            _, _, terminated, truncated, _ = env.step(actions[steps % 8])
             steps += 1
             if not resets_itself and np.any(np.logical_or(terminated, truncated)):
                 env.reset()
@@ -123,12 +126,15 @@ def choose_block_layout(
     ``envs_per_block`` for ``num_envs`` rows of batched envs; ``block_fn_of(k)`` is a
     factory of a batched env of ``k`` rows.
 
-    One block per core (as many as divide ``num_envs``) when a block's step costs more
-    than a cross-process round trip, else one block stepped in this process. Of one
-    block per core, this process steps the last while ``cores - 1`` workers step the
-    others (measured on 2 cores, CartPole's vector entry point at 4,096 envs: 0.58 vs
-    0.48 of one in-process vector env's rate with a worker per block; a torch model:
-    1.71 vs 1.46 M steps/s), unless ``isolate`` keeps every block out of this process.
+    Probes a block of ``num_envs`` and a block of a core's share: one block per core
+    (as many as divide ``num_envs``) when the share's step plus what splitting costs
+    is faster than the whole batch's step, else one block of ``num_envs`` stepped in
+    this process. (A vectorized step is rarely linear in its rows: CartPole's vector
+    entry point takes ~300 us for 4,096 envs and ~200 us for 2,048 here, so two cores
+    cannot halve it.) Of one block per core, this process steps the last while
+    ``cores - 1`` workers step the others (measured on 2 cores, a torch model: 1.71 vs
+    1.46 M steps/s with a worker per block), unless ``isolate`` keeps every block out of
+    this process.
     """
     cores = os.cpu_count() or 1
     blocks = max(d for d in range(1, min(cores, num_envs) + 1) if num_envs % d == 0)
@@ -136,12 +142,19 @@ def choose_block_layout(
     if blocks == 1:
         return {"backend": "process" if isolate else "inline", "envs_per_block": num_envs}
     try:
-        step_time, _ = _probe(block_fn_of(size))
+        # The faster of two probes each: noise on a shared machine only ever slows one.
+        share_time = min(_probe(block_fn_of(size))[0] for _ in range(2))
+        whole_time = (
+            math.inf if isolate else min(_probe(block_fn_of(num_envs))[0] for _ in range(2))
+        )
     except Exception:  # the real construction reports the error, with the env's index
         return {"backend": "process", "num_workers": blocks, "envs_per_block": size}
     if isolate:
         return {"backend": "process", "num_workers": blocks, "envs_per_block": size}
-    if step_time * blocks <= step_time + IPC_ROUND_TRIP:
+    # What the split costs on top of the share's step, measured on 2 cores: the other
+    # core's slowdown (~25%) and the agent's work per step for thousands of rows (two
+    # round trips' worth).
+    if whole_time <= 1.25 * share_time + 2 * IPC_ROUND_TRIP:
         return {"backend": "inline", "envs_per_block": num_envs}
     return {
         "backend": "process",

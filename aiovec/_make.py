@@ -83,11 +83,11 @@ def make(
             :class:`VecEnv` (``envs_per_block``) for how blocks behave.
         envs_per_block: rows per batched env (``num_envs`` must be a multiple of it);
             implies ``vectorization_mode="vector_entry_point"``. Default with
-            ``backend="auto"``: one block per core when a block's step costs more than
-            a cross-process round trip (a short probe; this process steps the last
-            block while ``cores - 1`` workers step the others), else one block of
-            ``num_envs`` stepped in this process. ``"process"``: one block per worker
-            (of ``inline_envs`` rows, if given); ``"inline"``: one block.
+            ``backend="auto"``: one block per core when a probe says splitting pays
+            (this process steps the last block while ``cores - 1`` workers step the
+            others), else one block of ``num_envs`` stepped in this process.
+            ``"process"``: one block per worker (of ``inline_envs`` rows, if given);
+            ``"inline"``: one block.
         **options: passed to :class:`VecEnv` (``num_workers``, ``copy``,
             ``autoreset_mode``, ``context``, ``observation_mode``, ...).
 

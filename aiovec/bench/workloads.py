@@ -350,7 +350,13 @@ def w8(num_envs: int = 4096, horizon: int = 16) -> Workload:
         "horizon": horizon,
     }
     common = {"env_fn": _make("CartPole-v1"), "num_envs": num_envs}
-    blocks = partial(aiovec.make, ModelVectorEnv.factory, num_envs, env_kwargs=env_kwargs)
+    blocks = partial(
+        aiovec.make,
+        ModelVectorEnv.factory,
+        num_envs,
+        vectorization_mode="vector_entry_point",
+        env_kwargs=env_kwargs,
+    )
 
     def contenders() -> list[Contender]:
         return [
