@@ -14,10 +14,10 @@ import asyncio
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiovec._host import EnvHost, StepOutcome, error_info
-from aiovec._protocol import Command, Reply, Step, merge_replies
+from aiovec._protocol import EnvCommand, Reply, Step, merge_replies
 from aiovec.errors import StepTimeoutError
 
 #: Seconds a late async env has to act on its cancellation before it is abandoned.
@@ -41,9 +41,9 @@ class AsyncEnvServer:
         self.host = host
         self._emit = emit
         self._step_timeout = step_timeout
-        self._queues: dict[int, deque[tuple[Command, int]]] = {e: deque() for e in host.envs}
-        self.runners: dict[int, asyncio.Task] = {}
-        self._parked: dict[int, asyncio.Future] = {}  # idle runners wait on these
+        self._queues: dict[int, deque[tuple[EnvCommand, int]]] = {e: deque() for e in host.envs}
+        self.runners: dict[int, asyncio.Task[None]] = {}
+        self._parked: dict[int, asyncio.Future[None]] = {}  # idle runners wait on these
         self._expired: set[int] = set()  # envs whose command is being cancelled for lateness
         self._gathering: dict[int, list[Reply | None]] = {}  # seq -> per-position replies
         self._finished_steps: dict[int, list[StepOutcome]] = {}  # seq -> not yet emitted
@@ -51,7 +51,7 @@ class AsyncEnvServer:
         #: Runners end instead of parking when idle (a loop that only runs during calls).
         self.park = True
 
-    def submit(self, command: Command, loop: asyncio.AbstractEventLoop) -> None:
+    def submit(self, command: EnvCommand, loop: asyncio.AbstractEventLoop) -> None:
         """Queue ``command`` on each of its envs; runners start on ``loop``."""
         if not isinstance(command, Step):
             self._gathering[command.seq] = [None] * len(command.env_ids)
@@ -68,7 +68,7 @@ class AsyncEnvServer:
         """Whether some env has a command queued or running."""
         return any(self._queues[env_id] for env_id in self.runners)
 
-    def retire(self) -> list[asyncio.Task]:
+    def retire(self) -> list[asyncio.Task[None]]:
         """Cancel every runner (idle ones on a loop being left, or all at shutdown)."""
         if self._finished_steps:  # its flush was scheduled on the loop being left
             self._flush()
@@ -85,10 +85,10 @@ class AsyncEnvServer:
         runners = self.retire()
         if runners:  # an env that swallows its cancellation is abandoned at the timeout
             await asyncio.wait(runners, timeout=timeout)
-        closes = []
+        closes: list[Awaitable[Any]] = []
         for env in self.host.envs.values():
             try:
-                result = env.close()
+                result: Any = cast(Any, env).close()  # async envs return an awaitable
             except Exception:
                 continue
             if inspect.isawaitable(result):
@@ -125,7 +125,7 @@ class AsyncEnvServer:
             if self.runners.get(env_id) is asyncio.current_task():
                 del self.runners[env_id]
 
-    def _start(self, env_id: int, command: Command, position: int) -> Awaitable[Any]:
+    def _start(self, env_id: int, command: EnvCommand, position: int) -> Awaitable[Any]:
         """The host's coroutine for env ``env_id``'s part of ``command`` (awaited by the
         runner itself: one coroutine frame less on every resume of the env)."""
         if type(command) is Step:
@@ -133,7 +133,7 @@ class AsyncEnvServer:
         return self.host.execute_async(command.subset([position]))
 
     def _finish(
-        self, command: Command, position: int, result: Any, loop: asyncio.AbstractEventLoop
+        self, command: EnvCommand, position: int, result: Any, loop: asyncio.AbstractEventLoop
     ) -> None:
         if type(command) is Step:
             self._step_done(command.seq, result, loop)
@@ -141,12 +141,13 @@ class AsyncEnvServer:
             self._part_done(command, position, result)
 
     async def _execute_in_time(
-        self, env_id: int, command: Command, position: int, loop: asyncio.AbstractEventLoop
+        self, env_id: int, command: EnvCommand, position: int, loop: asyncio.AbstractEventLoop
     ) -> None:
         """Run env ``env_id``'s part of ``command``, cancelled after ``step_timeout``:
         the command then fails with :class:`aiovec.StepTimeoutError`."""
-        timeout = self._step_timeout
-        runner = asyncio.current_task()
+        # Only called with a step_timeout (see _run), from inside a runner task.
+        timeout = cast(float, self._step_timeout)
+        runner = cast("asyncio.Task[None]", asyncio.current_task())
         timer = loop.call_later(timeout, self._expire, env_id, runner, loop)
         try:
             result = await self._start(env_id, command, position)
@@ -168,11 +169,11 @@ class AsyncEnvServer:
         await self._answer_late(env_id, command, position, loop)
 
     async def _answer_late(
-        self, env_id: int, command: Command, position: int, loop: asyncio.AbstractEventLoop
+        self, env_id: int, command: EnvCommand, position: int, loop: asyncio.AbstractEventLoop
     ) -> None:
         """Fail env ``env_id``'s part of ``command`` with StepTimeoutError (a step is then
         handled like any failed step: rebuilt under the restart policy)."""
-        timeout = self._step_timeout
+        timeout = cast(float, self._step_timeout)  # only late with a step_timeout
         late = StepTimeoutError(None, [env_id], [env_id], timeout)
         if type(command) is Step:
             self._step_done(command.seq, await self.host.recover_async(env_id, late), loop)
@@ -181,14 +182,18 @@ class AsyncEnvServer:
             failed = Reply(command.seq, [env_id], errors=[error_info(env_id, operation, late)])
             self._part_done(command, position, failed)
 
-    def _expire(self, env_id: int, runner: asyncio.Task, loop: asyncio.AbstractEventLoop) -> None:
+    def _expire(
+        self, env_id: int, runner: asyncio.Task[None], loop: asyncio.AbstractEventLoop
+    ) -> None:
         if self.runners.get(env_id) is runner:
             self._expired.add(env_id)
             runner.cancel()
             # An env that swallows the cancellation must not keep its command late.
             loop.call_later(CANCEL_GRACE, self._abandon, env_id, runner, loop)
 
-    def _abandon(self, env_id: int, runner: asyncio.Task, loop: asyncio.AbstractEventLoop) -> None:
+    def _abandon(
+        self, env_id: int, runner: asyncio.Task[None], loop: asyncio.AbstractEventLoop
+    ) -> None:
         """The late env ignored its cancellation: answer its command without it, and
         serve its next commands from a new runner (the old task is left to itself)."""
         if self.runners.get(env_id) is not runner or env_id not in self._expired:
@@ -221,9 +226,9 @@ class AsyncEnvServer:
         for seq, outcomes in finished.items():
             self._emit(self.host.step_reply(seq, outcomes))
 
-    def _part_done(self, command: Command, position: int, reply: Reply) -> None:
+    def _part_done(self, command: EnvCommand, position: int, reply: Reply) -> None:
         parts = self._gathering[command.seq]
         parts[position] = reply
         if all(part is not None for part in parts):
             del self._gathering[command.seq]
-            self._emit(merge_replies(parts))
+            self._emit(merge_replies(cast("list[Reply]", parts)))  # none is None now

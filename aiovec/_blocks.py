@@ -27,7 +27,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aiovec._buffers import Buffers
 from aiovec._host import EnvBuildError, EnvHost, _close_quietly, build_envs, describe, error_info
-from aiovec._protocol import Call, Command, ErrorInfo, Reply, Reset, SetAttr, Step
+from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
 from aiovec._spaces import batch_values, copy_buffer, is_shareable, split_batch, write_rows
 
 
@@ -39,7 +39,7 @@ class BlockFactory:
         self,
         make: Callable[..., VectorEnv],
         num_envs: int,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         wrappers: Sequence[Callable[[VectorEnv], VectorEnv]] = (),
     ) -> None:
@@ -72,8 +72,18 @@ def build_blocks(
         except Exception as exc:
             for built in blocks.values():
                 _close_quietly(built)
-            raise EnvBuildError(error_info(first_row, "make", exc)) from exc
+            raise EnvBuildError(block_error(first_row, envs_per_block, "make", exc)) from exc
     return blocks
+
+
+def block_error(first_row: int, size: int, operation: str, exc: BaseException) -> ErrorInfo:
+    """One error standing for every row of the block of ``size`` rows at ``first_row``."""
+    last_row = first_row + size - 1
+    info = error_info(
+        first_row, f"{operation}() of the batched env of envs {first_row}..{last_row}", exc
+    )
+    info.env_ids = list(range(first_row, last_row + 1))
+    return info
 
 
 def _checked_block(block: Any, envs_per_block: int) -> VectorEnv:
@@ -112,15 +122,15 @@ def build_host(
     env_fns: dict[int, Callable[[], Any]],
     autoreset_mode: AutoresetMode,
     max_restarts: int = 0,
-    envs_per_block: int = 1,
+    envs_per_block: int | None = None,
 ) -> tuple[EnvHost | BlockHost, list[tuple[Any, ...]]]:
-    """A host for ``env_fns`` (keyed by env id; with ``envs_per_block > 1``, block
+    """A host for ``env_fns`` (keyed by env id; with ``envs_per_block``, block
     factories keyed by their block's first row) and the description of each env.
 
     Raises:
         EnvBuildError: a factory raised (or returned something else than it must).
     """
-    if envs_per_block > 1:
+    if envs_per_block is not None:
         blocks = build_blocks(env_fns, envs_per_block)
         descriptions = [d for block in blocks.values() for d in describe_block(block)]
         host: EnvHost | BlockHost = BlockHost(
@@ -172,7 +182,7 @@ class BlockHost:
         self.group = [
             first_row + offset for first_row in blocks for offset in range(envs_per_block)
         ]
-        self._whole_group = [
+        self._whole_group: list[tuple[int, Sequence[int]]] = [
             (first_row, range(index * envs_per_block, (index + 1) * envs_per_block))
             for index, first_row in enumerate(blocks)
         ]
@@ -189,7 +199,7 @@ class BlockHost:
 
     # --- commands ---------------------------------------------------------------------------
 
-    def execute(self, command: Command) -> Reply:
+    def execute(self, command: EnvCommand) -> Reply:
         """Run ``command`` on each of its blocks and describe the outcome."""
         started = time.perf_counter()
         if type(command) is Step:
@@ -239,6 +249,7 @@ class BlockHost:
         infos: list[Any] | None = None  # built once a block has an info
         errors: list[ErrorInfo] = []
         progressed = False
+        failure: ErrorInfo | None
         for index, (first_row, positions) in enumerate(blocks):
             if len(positions) != size:
                 error = ValueError(
@@ -306,7 +317,18 @@ class BlockHost:
     def _write(
         self, first_row: int, observations: Any, rewards: Any, terminations: Any, truncations: Any
     ) -> None:
-        rows = slice(first_row, first_row + self.envs_per_block)
+        size = self.envs_per_block
+        rows = slice(first_row, first_row + size)
+        for name, value in (
+            ("rewards", rewards),
+            ("terminations", terminations),
+            ("truncations", truncations),
+        ):
+            if np.ndim(value) != 0 and np.shape(value) != (size,):  # 0.0/False: every row
+                raise ValueError(
+                    f"the batched env returned {name} of shape {np.shape(value)}, not "
+                    f"({size},): one per env"
+                )
         self._write_observations(first_row, observations)
         buffers = self.buffers
         buffers.rewards[rows] = rewards
@@ -321,10 +343,11 @@ class BlockHost:
                     self._observations[first_row + offset] = item
             return
         rows: Any = slice(first_row, first_row + size)
-        if mask is not None:
-            rows = [first_row + offset for offset in np.flatnonzero(mask)]
-            observations = _rows(observations, np.flatnonzero(mask))
         try:
+            _check_batch(self.buffers.observations, observations, size)
+            if mask is not None:
+                rows = [first_row + offset for offset in np.flatnonzero(mask)]
+                observations = _rows(observations, np.flatnonzero(mask))
             write_rows(self.buffers.observations, rows, observations)
         except (ValueError, TypeError, KeyError, IndexError) as exc:
             raise ValueError(
@@ -357,14 +380,9 @@ class BlockHost:
         return [{**row_info, "restarted": True, "restart_reason": reason} for row_info in row_infos]
 
     def _error(self, first_row: int, operation: str, exc: BaseException) -> ErrorInfo:
-        """One error standing for every row of the block."""
-        last_row = first_row + self.envs_per_block - 1
-        operation = f"{operation} (batched env of envs {first_row}..{last_row})"
-        info = error_info(first_row, operation, exc)
-        info.env_ids = list(range(first_row, last_row + 1))
-        return info
+        return block_error(first_row, self.envs_per_block, operation, exc)
 
-    def _execute_other(self, command: Command) -> Reply:
+    def _execute_other(self, command: EnvCommand) -> Reply:
         env_ids = command.env_ids
         results: list[Any] = [None] * len(env_ids)
         infos: list[Any] = [None] * len(env_ids)
@@ -419,8 +437,9 @@ class BlockHost:
         whole = len(positions) == size
         seed: Any = None
         if any(s is not None for s in seeds):
-            consecutive = all(
-                s == seeds[0] + offset - offsets[0] for s, offset in zip(seeds, offsets)
+            first_seed = seeds[0]  # may be None while another seed is not
+            consecutive = first_seed is not None and all(
+                s == first_seed + offset - offsets[0] for s, offset in zip(seeds, offsets)
             )
             # An int seeds the block as Gymnasium seeds a vector env (row i: seed + i).
             seed = seeds[0] if whole and consecutive else _seed_list(size, offsets, seeds)
@@ -453,8 +472,8 @@ class BlockHost:
         else:
             attribute = getattr(block, command.name)
             value = attribute(*args, **kwargs) if callable(attribute) else attribute
-        per_env = command.name in _PER_ENV_CALLS and isinstance(value, (list, tuple))
-        if per_env and len(value) == self.envs_per_block:
+        per_env = command.name in _PER_ENV_CALLS and isinstance(value, (list, tuple, np.ndarray))
+        if per_env and len(value) == self.envs_per_block:  # e.g. frames, one per env
             return list(value)
         return [value] * self.envs_per_block
 
@@ -515,7 +534,7 @@ def split_infos(info: dict[str, Any], size: int) -> list[dict[str, Any]] | None:
     return rows
 
 
-def stack_actions(space: spaces.Space, values: list[Any]) -> Any:
+def stack_actions(space: spaces.Space[Any], values: list[Any]) -> Any:
     """One action per env as a block's batch: arrays keep the dtype the caller gave
     them (as Gymnasium hands an env what the caller passed); other values are batched
     as Gymnasium batches the space."""
@@ -529,6 +548,33 @@ def stack_actions(space: spaces.Space, values: list[Any]) -> Any:
             stack_actions(sub, [v[index] for v in values]) for index, sub in enumerate(space)
         )
     return batch_values(space, values)
+
+
+def _check_batch(buffer: Any, batch: Any, size: int) -> None:
+    """Raise ValueError unless ``batch`` has ``size`` rows of ``buffer``'s row shape and a
+    dtype that converts to its dtype within kind (numpy would broadcast the rest)."""
+    if isinstance(buffer, dict):
+        if not isinstance(batch, dict) or set(batch) != set(buffer):
+            raise ValueError(f"expected a dict with keys {sorted(buffer)}, got {_kind(batch)}")
+        for key, sub in buffer.items():
+            _check_batch(sub, batch[key], size)
+        return
+    if isinstance(buffer, tuple):
+        if not isinstance(batch, tuple) or len(batch) != len(buffer):
+            raise ValueError(f"expected a tuple of {len(buffer)}, got {_kind(batch)}")
+        for sub, item in zip(buffer, batch):
+            _check_batch(sub, item, size)
+        return
+    array = batch if type(batch) is np.ndarray else np.asarray(batch)
+    expected = (size, *buffer.shape[1:])
+    if array.shape != expected:
+        raise ValueError(f"expected shape {expected}, got shape {array.shape}")
+    if array.dtype != buffer.dtype and not np.can_cast(array.dtype, buffer.dtype, "same_kind"):
+        raise ValueError(f"expected dtype {buffer.dtype}, got dtype {array.dtype}")
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
 
 
 def _rows(batch: Any, rows: Any) -> Any:

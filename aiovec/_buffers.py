@@ -29,7 +29,10 @@ class Buffers:
 
 
 def build_buffers(
-    observation_space: spaces.Space, action_space: spaces.Space, num_envs: int, allocator: Any
+    observation_space: spaces.Space[Any],
+    action_space: spaces.Space[Any],
+    num_envs: int,
+    allocator: Any,
 ) -> Buffers:
     """Lay the buffers out in a fixed order using ``allocator`` (see ``ArrayAllocator``)."""
     return Buffers(
@@ -44,7 +47,7 @@ def build_buffers(
 
 
 def buffers_nbytes(
-    observation_space: spaces.Space, action_space: spaces.Space, num_envs: int
+    observation_space: spaces.Space[Any], action_space: spaces.Space[Any], num_envs: int
 ) -> int:
     """How many bytes :func:`build_buffers` needs for these spaces."""
     measure = ArrayAllocator()

@@ -13,14 +13,14 @@ import traceback
 from collections.abc import Callable, Generator
 from operator import methodcaller
 from time import perf_counter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from aiovec._buffers import Buffers
-from aiovec._protocol import Call, Command, ErrorInfo, Reply, Reset, SetAttr, Step
+from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
 from aiovec._spaces import is_shareable, read_row, row_writer
 from aiovec._threads import EnvThreads
 from aiovec.async_env import AsyncEnv
@@ -126,7 +126,7 @@ class EnvHost:
     # autoreset, restarts and result writing for both kinds of env. Steps, the hot path,
     # enter a flow only when there is more to do than ``env.step`` and writing results.
 
-    def execute(self, command: Command) -> Reply:
+    def execute(self, command: EnvCommand) -> Reply:
         """Run ``command`` on each of its envs and describe the outcome."""
         started, busy_before = perf_counter(), self._busy
         reply = self._execute(command)
@@ -140,7 +140,7 @@ class EnvHost:
         busy, self._busy = self._busy, 0.0
         return busy
 
-    def _execute(self, command: Command) -> Reply:
+    def _execute(self, command: EnvCommand) -> Reply:
         if type(command) is Step:
             return self.step_all(command)
         results: list[Any] = [None] * len(command.env_ids)
@@ -153,7 +153,7 @@ class EnvHost:
                 errors.append(error_info(env_id, operation, exc))
         return self._reply(command, results, errors)
 
-    async def execute_async(self, command: Command) -> Reply:
+    async def execute_async(self, command: EnvCommand) -> Reply:
         """:meth:`execute` for envs whose methods may return awaitables, for any command
         but a step (async envs are stepped one by one, with :meth:`step_async`)."""
         started = perf_counter()
@@ -162,7 +162,7 @@ class EnvHost:
         reply.busy = self.take_busy()
         return reply
 
-    async def _execute_async(self, command: Command) -> Reply:
+    async def _execute_async(self, command: EnvCommand) -> Reply:
         results: list[Any] = [None] * len(command.env_ids)
         errors: list[ErrorInfo] = []
         for position, env_id in enumerate(command.env_ids):
@@ -407,7 +407,7 @@ class EnvHost:
         except StopIteration as finished:
             return finished.value
 
-    def _flow(self, command: Command, position: int) -> tuple[str, Flow]:
+    def _flow(self, command: EnvCommand, position: int) -> tuple[str, Flow]:
         """``(operation name, flow)`` for the env at ``position`` of ``command`` (any
         command but a step)."""
         env_id = command.env_ids[position]
@@ -422,7 +422,7 @@ class EnvHost:
             return f"set_attr {command.name}", _single(request)
         raise TypeError(f"unexpected command {command!r}")
 
-    def _reply(self, command: Command, results: list[Any], errors: list[ErrorInfo]) -> Reply:
+    def _reply(self, command: EnvCommand, results: list[Any], errors: list[ErrorInfo]) -> Reply:
         env_ids = command.env_ids
         is_reset = isinstance(command, Reset)
         return Reply(
@@ -445,7 +445,7 @@ class EnvHost:
         """A new env from env ``env_id``'s factory (the caller installs it)."""
         return self._env_fns[env_id]()
 
-    def _reset_flow(self, env_id: int, seed: int | None, options: dict | None) -> Flow:
+    def _reset_flow(self, env_id: int, seed: int | None, options: dict[str, Any] | None) -> Flow:
         self._restart_notices.pop(env_id, None)  # a reset answers for any restart
         observation, info = yield methodcaller("reset", seed=seed, options=options)
         self._write_observation(env_id, observation)
@@ -470,7 +470,7 @@ class EnvHost:
                 break
             except Exception as rebuild_error:
                 # Never leave the closed env installed: the next command must not step it.
-                self.envs[env_id] = _Unbuilt(rebuild_error)
+                self.envs[env_id] = cast(gym.Env, _Unbuilt(rebuild_error))  # raises on use
                 self._failures_in_a_row[env_id] += 1
                 if self._failures_in_a_row[env_id] > self._max_restarts:
                     raise
@@ -493,7 +493,7 @@ class EnvHost:
         self._write_results(env_id, observation, 0.0, False, False)
         return info
 
-    def _stepped_flow(self, env_id: int, result: tuple) -> Flow:
+    def _stepped_flow(self, env_id: int, result: tuple[Any, ...]) -> Flow:
         """What follows ``env.step``: autoreset (same-step mode) and writing the results."""
         observation, reward, terminated, truncated, info = result
         if self._same_step and (terminated or truncated):
@@ -587,7 +587,8 @@ def _call_request(command: Call) -> Callable[[Any], Any]:
     return call
 
 
-def _close_quietly(env: gym.Env) -> None:
+def _close_quietly(env: Any) -> None:
+    # Any: a gym.Env, a gymnasium VectorEnv, or an async env whose close() is a coroutine
     try:
         result = env.close()
     except Exception:

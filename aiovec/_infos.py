@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 
 
-def add_info(batch_infos: dict[str, Any], info: dict[str, Any], position: int, size: int) -> dict:
+def add_info(
+    batch_infos: dict[str, Any], info: dict[str, Any], position: int, size: int
+) -> dict[str, Any]:
     """Merge one env's ``info`` into ``batch_infos`` at ``position`` of a batch of ``size``."""
     for key, value in info.items():
         if key == "final_obs":

@@ -20,7 +20,7 @@ class EnvFactory:
     def __init__(
         self,
         make: Callable[..., gym.Env],
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
     ) -> None:
@@ -39,7 +39,8 @@ class EnvFactory:
 
 
 def make(
-    env_id: str | Callable[..., gym.Env],
+    # a callable returns a gymnasium.Env (a VectorEnv under vector_entry_point)
+    env_id: str | Callable[..., Any],
     num_envs: int,
     *,
     env_kwargs: dict[str, Any]
@@ -63,11 +64,13 @@ def make(
             for every env, a list with one dict per env, or a function from env index to
             dict (per-env parameters, e.g. domain randomization).
         wrappers: ``gymnasium.Wrapper`` classes (or callables) applied to each env, in order.
-        backend: ``"auto"`` (default) probes one env in this process for a few
+        backend: ``"auto"`` (default) probes one env in a child process for a few
             milliseconds and picks ``"inline"`` for envs too cheap to pay for IPC, one
-            worker per env for envs that mostly wait, and one worker per core otherwise
-            (see ``venv.backend`` / ``venv.num_workers`` for the choice). Or name the
-            backend (``"process"``, ``"inline"``) to skip the probe.
+            worker per env for envs that mostly wait, ``cores - 1`` workers plus a
+            share stepped in this process for cheap CPU-bound envs, and one worker per
+            core for dearer ones (see ``venv.backend`` / ``venv.num_workers`` /
+            ``venv.inline_envs`` for the choice). Or name the backend (``"process"``,
+            ``"inline"``, ``"coroutine"``, ``"ray"``) to skip the probe.
         render_mode: each env's render mode (``"rgb_array"``, ...), as in
             ``gymnasium.make_vec``: passed to ``gymnasium.make`` (or to the callable, as a
             keyword). ``venv.render()`` returns one frame per env.
@@ -106,6 +109,7 @@ def make(
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
     spec = None
+    args: tuple[Any, ...]
     if isinstance(env_id, str):
         spec = gym.spec(env_id)  # unknown ids fail here, with Gymnasium's suggestions
         make_env, args = gym.make, (env_id,)
@@ -157,7 +161,7 @@ def _make_batched(
                 "factory(num_envs=k, **env_kwargs) -> gymnasium.vector.VectorEnv"
             )
         make_block: Callable[..., Any] = gym.make_vec
-        args: tuple = (env_id,)
+        args: tuple[Any, ...] = (env_id,)
         fixed: dict[str, Any] = {"vectorization_mode": "vector_entry_point"}
     else:
         make_block, args, fixed = env_id, (), {}

@@ -90,6 +90,8 @@ class Close(msgspec.Struct, array_like=True, tag=True):
 
 
 Command = Union[Reset, Step, Call, SetAttr, Close]
+#: The commands that address envs (all but ``Close``, which workers handle themselves).
+EnvCommand = Union[Reset, Step, Call, SetAttr]
 
 # --- replies (worker -> vector env) ------------------------------------------------------
 
@@ -149,7 +151,7 @@ def merge_replies(replies: list[Reply]) -> Reply:
         return replies[0]
     env_ids = [env_id for reply in replies for env_id in reply.env_ids]
 
-    def joined(field: str) -> list | None:
+    def joined(field: str) -> list[Any] | None:
         if all(getattr(reply, field) is None for reply in replies):
             return None
         return [
@@ -254,6 +256,8 @@ def undecodable_reply(command: Command) -> Reply | None:
     fails it for each of its envs (the worker goes on); ``None`` for a sound command."""
     if isinstance(command, Step) and command.actions is None:
         return None  # the hot path: nothing pickled
+    if isinstance(command, Close):
+        return None  # carries no values (what the search below would find too)
     values = [getattr(command, field, None) for field in ("options", "actions", "args")]
     values += [getattr(command, field, None) for field in ("kwargs", "function", "values")]
     found = _find_undecodable(values)
@@ -343,14 +347,14 @@ def encode_reply(reply: Reply, group: list[int] | None = None) -> bytes:
         return encode(Reply(reply.seq, reply.env_ids, errors=errors))
 
 
-def decoder(kind: Any) -> msgspec.msgpack.Decoder:
+def decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:
     """A decoder of ``kind`` that turns :func:`to_wire` values back into the originals."""
     return msgspec.msgpack.Decoder(kind, ext_hook=_ext_hook)
 
 
 _numpy_header_decoder = msgspec.msgpack.Decoder(tuple[str, list[int], bool])
 _encoder = msgspec.msgpack.Encoder()
-_command_decoder = decoder(Command)
+_command_decoder: msgspec.msgpack.Decoder[Command] = decoder(Command)
 _message_decoder = decoder(Message)
 
 encode = _encoder.encode

@@ -21,11 +21,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from aiovec._protocol import Command, Reply
+from aiovec._protocol import EnvCommand, Reply
 from aiovec._stats import StatsRecorder
 from aiovec.backends._base import Backend, Message, WorkerExit, WorkerGone
 from aiovec.errors import (
@@ -40,7 +40,7 @@ logger = logging.getLogger("aiovec")
 IDLE, BUSY, READY = 0, 1, 2
 
 
-def _settle(future: asyncio.Future) -> None:
+def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -59,7 +59,7 @@ class Ticket:
         env_ids: list[int],
         rows: Any,
         is_step: bool,
-        command: Command,
+        command: EnvCommand,
         sent_at: float,
     ) -> None:
         self.worker = worker
@@ -117,10 +117,10 @@ class Scheduler:
         self.ready_queue: deque[int] = deque()
         self.num_busy = 0  # envs with a command in flight
         self.num_stepping = 0  # of those, envs with a step in flight (what recv waits for)
-        self.infos: dict[int, dict] = {}  # env id -> its non-empty info, until taken
+        self.infos: dict[int, dict[str, Any]] = {}  # env id -> its non-empty info, until taken
         self.errors: dict[int, Exception] = {}  # env id -> failure to report instead of a result
         self.observations: list[Any] = [None] * num_envs  # for spaces not in shared memory
-        self.dead_workers: dict[int, WorkerCrashedError] = {}
+        self.dead_workers: dict[int, Exception] = {}  # worker -> what to raise
         #: Where time goes (see :meth:`aiovec.VecEnv.stats`).
         self.stats = StatsRecorder()
         self._local_workers = backend.local_workers
@@ -134,7 +134,7 @@ class Scheduler:
         # backend and applies what arrives; the others park on a future each, woken
         # whenever the state changes, and one of them takes over when the pump leaves.
         self._pumping = False
-        self._parked: set[asyncio.Future] = set()
+        self._parked: set[asyncio.Future[None]] = set()
         self._async_thread: int | None = None  # the thread whose tasks wait here
         self._sync_lock = threading.Lock()  # held during a blocking call
         self._sync_thread: int | None = None
@@ -173,7 +173,7 @@ class Scheduler:
     def submit(
         self,
         env_ids: Iterable[int],
-        make_command: Callable[[int, list[int]], Command],
+        make_command: Callable[[int, list[int]], EnvCommand],
         is_step: bool,
     ) -> list[Ticket]:
         """Send one command per worker; ``make_command(seq, env_ids_of_that_worker)``."""
@@ -204,8 +204,8 @@ class Scheduler:
         return tickets
 
     def _prepare(
-        self, env_ids: Iterable[int], make_command: Callable[[int, list[int]], Command]
-    ) -> list[tuple[int, list[int], Any, Command, Any]]:
+        self, env_ids: Iterable[int], make_command: Callable[[int, list[int]], EnvCommand]
+    ) -> list[tuple[int, list[int], Any, EnvCommand, Any]]:
         prepared = []
         for worker, group, rows in self.split(env_ids):
             command = make_command(next(self._sequence), group)
@@ -387,11 +387,12 @@ class Scheduler:
 
     def _kill_after(self, worker: int) -> float:
         """Seconds after which a command still unanswered gets ``worker`` killed."""
+        step_timeout = cast(float, self.step_timeout)  # only asked when there is one
         if self.backend.cancels_late_envs(worker):
             # It answers for its late envs at step_timeout; killing is the backstop for a
             # worker too busy to do so (an async env that blocks its loop).
-            return self.step_timeout + max(1.0, self.step_timeout)
-        return self.step_timeout
+            return step_timeout + max(1.0, step_timeout)
+        return step_timeout
 
     def _kill_late_workers(self, now: float) -> None:
         for ticket in self._tickets.values():
@@ -439,7 +440,8 @@ class Scheduler:
         group = self.backend.groups[worker]
         timed_out = self._timed_out.pop(worker, None)
         if timed_out is not None:
-            crash: Exception = StepTimeoutError(worker, group, timed_out, self.step_timeout)
+            timeout = cast(float, self.step_timeout)  # workers only time out with one
+            crash: Exception = StepTimeoutError(worker, group, timed_out, timeout)
         elif exit.error is not None:  # e.g. its envs' factory raised while rebuilding
             crash = exit.error
         else:
@@ -523,7 +525,7 @@ class Scheduler:
                 if error is not None:
                     self.errors[env_id] = error
 
-    def step_in_place(self, command: Command) -> None:
+    def step_in_place(self, command: EnvCommand) -> None:
         """Run a step of every env to completion in this thread, for a backend that
         :attr:`~Backend.completes_inline`, while no env has anything in flight or
         unread: its results are kept as any step's are, for the caller to take at once

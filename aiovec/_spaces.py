@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import singledispatch
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium import spaces
@@ -26,7 +26,7 @@ from gymnasium.vector.utils import (
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
-def is_shareable(space: spaces.Space) -> bool:
+def is_shareable(space: spaces.Space[Any]) -> bool:
     """True when every leaf of ``space`` has a fixed shape and dtype."""
     if isinstance(space, _ARRAY_SPACES):
         return True
@@ -40,7 +40,7 @@ def is_shareable(space: spaces.Space) -> bool:
 _GYMNASIUM_SHARED_SPACES = (*_ARRAY_SPACES, spaces.Text, spaces.OneOf)
 
 
-def check_gymnasium_shareable(space: spaces.Space) -> None:
+def check_gymnasium_shareable(space: spaces.Space[Any]) -> None:
     """Refuse, as ``AsyncVectorEnv(shared_memory=True)`` does, an observation space
     that Gymnasium cannot place in shared memory: ``TypeError`` for a Graph or Sequence
     anywhere in it (dynamic shapes), ``ValueError`` for a custom space."""
@@ -65,19 +65,21 @@ def check_gymnasium_shareable(space: spaces.Space) -> None:
         )
 
 
-def allocate(space: spaces.Space, num_envs: int, allocator: Any) -> Any:
+def allocate(space: spaces.Space[Any], num_envs: int, allocator: Any) -> Any:
     """A buffer with ``num_envs`` rows for a shareable ``space``, from ``allocator``."""
     return create_empty_array(space, n=num_envs, fn=allocator)
 
 
-def batch_values(space: spaces.Space, values: Sequence[Any]) -> Any:
+def batch_values(space: spaces.Space[Any], values: Sequence[Any]) -> Any:
     """One sample of ``space`` per env (``values``) as Gymnasium batches them: what
     ``concatenate`` gives into ``create_empty_array(space, len(values))`` (for Text,
     Graph, Sequence and custom spaces at the top level: a tuple of the values)."""
-    return concatenate(space, values, create_empty_array(space, n=len(values)))
+    # create_empty_array is annotated as possibly returning None, which it never does.
+    out: Any = create_empty_array(space, n=len(values))
+    return concatenate(space, values, out)
 
 
-def split_batch(batched_space: spaces.Space, batch: Any) -> list[Any]:
+def split_batch(batched_space: spaces.Space[Any], batch: Any) -> list[Any]:
     """The samples of a batch of ``batched_space``, one per env, as Gymnasium's
     ``iterate`` splits it; arrays are copies (an env may keep its action)."""
     return [_own(item) for item in iterate(batched_space, batch)]
@@ -118,8 +120,8 @@ def check_observation_mode(observation_mode: Any) -> Any:
 
 
 def observation_spaces(
-    observation_mode: Any, env_spaces: Sequence[spaces.Space], owner: str = "VecEnv"
-) -> tuple[spaces.Space, spaces.Space]:
+    observation_mode: Any, env_spaces: Sequence[spaces.Space[Any]], owner: str = "VecEnv"
+) -> tuple[spaces.Space[Any], spaces.Space[Any]]:
     """``(single_observation_space, observation_space)`` of a vector env whose envs have
     the observation spaces ``env_spaces``, under ``observation_mode`` (see
     :func:`check_observation_mode`), with ``AsyncVectorEnv``'s checks and errors.
@@ -162,7 +164,7 @@ def observation_spaces(
 
 
 @singledispatch
-def row_writer(space: spaces.Space, buffer: Any) -> Callable[[int, Any], None]:
+def row_writer(space: spaces.Space[Any], buffer: Any) -> Callable[[int, Any], None]:
     """A function ``write(index, value)`` storing one sample of ``space`` in row ``index``.
 
     ``write`` raises ValueError, leaving the buffer as it was, when ``value`` does not
@@ -176,8 +178,9 @@ def row_writer(space: spaces.Space, buffer: Any) -> Callable[[int, Any], None]:
 @row_writer.register(spaces.Discrete)
 @row_writer.register(spaces.MultiDiscrete)
 @row_writer.register(spaces.MultiBinary)
-def _array_row_writer(space: spaces.Space, buffer: np.ndarray) -> Callable[[int, Any], None]:
-    shape, dtype = space.shape, space.dtype
+def _array_row_writer(space: spaces.Space[Any], buffer: np.ndarray) -> Callable[[int, Any], None]:
+    # Array spaces always have a shape and a dtype (Space types both as optional).
+    shape, dtype = space.shape, cast("np.dtype[Any]", space.dtype)
 
     def write(index: int, value: Any) -> None:
         array = value if type(value) is np.ndarray else np.asarray(value)
@@ -194,7 +197,7 @@ def _array_row_writer(space: spaces.Space, buffer: np.ndarray) -> Callable[[int,
 
 
 @row_writer.register(spaces.Dict)
-def _dict_row_writer(space: spaces.Dict, buffer: dict) -> Callable[[int, Any], None]:
+def _dict_row_writer(space: spaces.Dict, buffer: dict[str, Any]) -> Callable[[int, Any], None]:
     writers = {key: row_writer(sub, buffer[key]) for key, sub in space.spaces.items()}
 
     def write(index: int, value: Any) -> None:
@@ -208,7 +211,9 @@ def _dict_row_writer(space: spaces.Dict, buffer: dict) -> Callable[[int, Any], N
 
 
 @row_writer.register(spaces.Tuple)
-def _tuple_row_writer(space: spaces.Tuple, buffer: tuple) -> Callable[[int, Any], None]:
+def _tuple_row_writer(
+    space: spaces.Tuple[Any], buffer: tuple[Any, ...]
+) -> Callable[[int, Any], None]:
     writers = [row_writer(sub, subbuffer) for sub, subbuffer in zip(space.spaces, buffer)]
 
     def write(index: int, value: Any) -> None:
@@ -238,7 +243,9 @@ def read_row(buffer: Any, index: int) -> Any:
     return tuple(read_row(sub, index) for sub in buffer)
 
 
-def read_rows(buffer: Any, env_ids: Sequence[int] | np.ndarray) -> Any:
+def read_rows(
+    buffer: Any, env_ids: Sequence[int] | Sequence[np.integer[Any]] | np.ndarray | slice
+) -> Any:
     """A fresh batch holding the rows ``env_ids``, in that order."""
     if isinstance(buffer, np.ndarray):
         if isinstance(env_ids, np.ndarray):
@@ -258,7 +265,9 @@ def copy_buffer(buffer: Any) -> Any:
     return tuple(copy_buffer(sub) for sub in buffer)
 
 
-def write_rows(buffer: Any, env_ids: Sequence[int] | slice, batch: Any) -> None:
+def write_rows(
+    buffer: Any, env_ids: Sequence[int] | Sequence[np.integer[Any]] | np.ndarray | slice, batch: Any
+) -> None:
     """Write a validated batch (see :func:`check_batch`) into the rows ``env_ids``."""
     if isinstance(buffer, np.ndarray):
         buffer[env_ids] = batch
@@ -277,7 +286,7 @@ Checked = tuple[Any, bool]
 
 
 @singledispatch
-def batch_checker(space: spaces.Space, path: str = "actions") -> Callable[[Any, int], Checked]:
+def batch_checker(space: spaces.Space[Any], path: str = "actions") -> Callable[[Any, int], Checked]:
     """A function ``check(batch, count)`` validating ``count`` samples of ``space``.
 
     ``check`` returns ``(batch, exact)``: the batch as numpy arrays (a tuple of objects
@@ -326,8 +335,13 @@ def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int
 @batch_checker.register(spaces.Discrete)
 @batch_checker.register(spaces.MultiDiscrete)
 @batch_checker.register(spaces.MultiBinary)
-def _discrete_checker(space: spaces.Space, path: str = "actions") -> Callable[[Any, int], Checked]:
-    shape, dtype = space.shape, space.dtype
+def _discrete_checker(
+    space: spaces.Space[Any], path: str = "actions"
+) -> Callable[[Any, int], Checked]:
+    # Discrete, MultiDiscrete and MultiBinary always have a shape (Space types it optional).
+    shape, dtype = cast("tuple[int, ...]", space.shape), space.dtype
+    low: Any  # ints, or per-element arrays for MultiDiscrete
+    high: Any
     if isinstance(space, spaces.Discrete):
         low, high = int(space.start), int(space.start + space.n - 1)
     elif isinstance(space, spaces.MultiDiscrete):
@@ -357,7 +371,9 @@ def _discrete_checker(space: spaces.Space, path: str = "actions") -> Callable[[A
     return check
 
 
-def _check_shape(array: np.ndarray, count: int, shape: tuple, space: spaces.Space, path: str):
+def _check_shape(
+    array: np.ndarray, count: int, shape: tuple[int, ...], space: spaces.Space[Any], path: str
+) -> None:
     if array.ndim == 0:
         raise TypeError(
             f"{path}: got the scalar {_preview(array.item())}, but a vector env steps with a "
@@ -393,7 +409,9 @@ def _dict_checker(space: spaces.Dict, path: str = "actions") -> Callable[[Any, i
 
 
 @batch_checker.register(spaces.Tuple)
-def _tuple_checker(space: spaces.Tuple, path: str = "actions") -> Callable[[Any, int], Checked]:
+def _tuple_checker(
+    space: spaces.Tuple[Any], path: str = "actions"
+) -> Callable[[Any, int], Checked]:
     checkers = [batch_checker(sub, f"{path}[{i}]") for i, sub in enumerate(space.spaces)]
 
     def check(batch: Any, count: int) -> Checked:

@@ -13,7 +13,12 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    _Request = tuple[
+        asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]
+    ]
 
 
 class EnvThreads:
@@ -25,10 +30,10 @@ class EnvThreads:
 
     def __init__(self, name: str = "aiovec-env") -> None:
         self._name = name
-        self._queues: dict[int, queue.SimpleQueue] = {}
+        self._queues: dict[int, queue.SimpleQueue[_Request | None]] = {}
         self._closed = False
 
-    def run(self, env_id: int, function: Callable[..., Any], *args: Any) -> asyncio.Future:
+    def run(self, env_id: int, function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """``function(*args)`` in env ``env_id``'s thread; the running loop's future of it."""
         if self._closed:
             raise RuntimeError("the env threads are shut down")
@@ -50,26 +55,27 @@ class EnvThreads:
             requests.put(None)
 
 
-def _serve(requests: queue.SimpleQueue) -> None:
+def _serve(requests: queue.SimpleQueue[_Request | None]) -> None:
     while (request := requests.get()) is not None:
         loop, future, function, args = request
         try:
             result = function(*args)
         except BaseException as exc:  # handed to the awaiting task, which decides
-            outcome = (_settle_exception, future, exc)
+            settle: Callable[[asyncio.Future[Any], Any], None] = _settle_exception
+            outcome: Any = exc
         else:
-            outcome = (_settle, future, result)
+            settle, outcome = _settle, result
         try:
-            loop.call_soon_threadsafe(*outcome)
+            loop.call_soon_threadsafe(settle, future, outcome)
         except RuntimeError:  # the loop is closed: nobody waits any more
             return
 
 
-def _settle(future: asyncio.Future, result: Any) -> None:
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
     if not future.done():  # a cancelled waiter (timeout, close) no longer wants it
         future.set_result(result)
 
 
-def _settle_exception(future: asyncio.Future, exc: BaseException) -> None:
+def _settle_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)

@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from typing import cast
 
 import cloudpickle
 from gymnasium.vector import AutoresetMode
@@ -69,7 +70,7 @@ def worker_main(
     restart_reason: str | None = None,
     step_timeout: float | None = None,
     concurrent_envs: bool | None = None,
-    envs_per_block: int = 1,
+    envs_per_block: int | None = None,
 ) -> None:
     """Entry point of a worker process; returns when the parent says so or goes away.
 
@@ -80,7 +81,7 @@ def worker_main(
     Blocking envs that mostly wait (sleep, IO, a remote simulator) are stepped
     concurrently, a thread each, answering first-ready; CPU-bound envs one after the
     other. ``concurrent_envs=None`` decides from the first steps' CPU share. Batched
-    envs (``envs_per_block > 1``) are stepped one block after the other.
+    envs (``envs_per_block`` given) are stepped one block after the other.
     """
     _die_with_parent()
     connection = Channel(sock)
@@ -120,7 +121,9 @@ def worker_main(
             if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
                 host.threads = EnvThreads("aiovec-env")
                 step_timeout = None
-            new_event_loop().run_until_complete(_serve_async(connection, host, step_timeout))
+            # A BlockHost never gets here: _serve (measure=False for it) returns only on Close.
+            env_host = cast(EnvHost, host)
+            new_event_loop().run_until_complete(_serve_async(connection, env_host, step_timeout))
         finally:
             host.close()
     except (EOFError, ConnectionError):

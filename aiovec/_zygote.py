@@ -35,7 +35,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import cloudpickle
 
@@ -50,7 +51,7 @@ def available() -> bool:
 # --- framing shared by both ends ------------------------------------------------------------
 
 
-def _send_frame(sock: socket.socket, data: bytes, fds: list[int] = ()) -> None:
+def _send_frame(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
     frame = _HEADER.pack(len(data)) + data
     sent = socket.send_fds(sock, [frame], list(fds)) if fds else 0
     sock.sendall(memoryview(frame)[sent:])
@@ -58,7 +59,8 @@ def _send_frame(sock: socket.socket, data: bytes, fds: list[int] = ()) -> None:
 
 def _receive_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
     """One frame and the descriptors that came with it; EOFError when the peer is gone."""
-    data, fds = bytearray(), []
+    data = bytearray()
+    fds: list[int] = []
     needed = _HEADER.size
     while len(data) < needed:
         chunk, new_fds, _, _ = socket.recv_fds(sock, max(needed - len(data), 1 << 16), 4)
@@ -116,7 +118,7 @@ class Zygote:
             not self._broken and self._process.poll() is None and self._pid_of_owner == os.getpid()
         )
 
-    def _request(self, message: Any, fds: list[int] = ()) -> tuple[Any, list[int]]:
+    def _request(self, message: Any, fds: Sequence[int] = ()) -> tuple[Any, list[int]]:
         if self._broken:
             raise OSError("the zygote's requests and answers fell out of step")
         with self._lock, _no_interrupt():
@@ -136,7 +138,11 @@ class Zygote:
         return value, received_fds
 
     def spawn(
-        self, target: Any, sock: socket.socket, args: tuple = (), kwargs: dict | None = None
+        self,
+        target: Any,
+        sock: socket.socket,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> ZygoteProcess:
         """Fork ``target(sock, *args, **kwargs)`` from the zygote; its process handle."""
         # Unpickled in the worker only (after sys.path is set), never in the zygote.
@@ -151,7 +157,7 @@ class Zygote:
     def exitcode(self, pid: int) -> int | None:
         """``pid``'s exit code once it has exited (negative: killed by that signal)."""
         try:
-            return self._request(("status", pid))[0]
+            return cast("int | None", self._request(("status", pid))[0])
         except (OSError, EOFError):  # the zygote is gone: so is the code
             return None
 
@@ -332,9 +338,10 @@ def serve(fd: int) -> None:
         except Exception:  # the agent then always sends its own
             continue
     _send_frame(agent, pickle.dumps(registry))
+    watched: list[socket.socket | int] = [agent, wake_read]
     try:
         while True:
-            ready, _, _ = select.select([agent, wake_read], [], [])
+            ready, _, _ = select.select(watched, [], [])
             if wake_read in ready:
                 os.read(wake_read, 4096)
                 reap()
@@ -351,7 +358,7 @@ def serve(fd: int) -> None:
                     pid = _fork(value, fds, agent, (wake_read, wake_write))
                     children[pid] = None  # a reused pid: forget the old code
                     answer_fds.append(os.pidfd_open(pid))  # before any reaping
-                    answer = ("ok", pid)
+                    answer: tuple[str, Any] = ("ok", pid)
                 else:  # "status"
                     reap()
                     answer = ("ok", children.get(value))

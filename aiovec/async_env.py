@@ -40,8 +40,8 @@ class AsyncEnv:
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     render_mode: str | None = None
     spec: Any = None
-    observation_space: spaces.Space
-    action_space: spaces.Space
+    observation_space: spaces.Space[Any]
+    action_space: spaces.Space[Any]
     _np_random: np.random.Generator | None = None
 
     async def reset(
@@ -97,10 +97,12 @@ class SyncEnvAdapter(gym.Env):
         self.render_mode = env.render_mode
         self._loop = asyncio.new_event_loop()
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         return self._loop.run_until_complete(self.env.reset(seed=seed, options=options))
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         return self._loop.run_until_complete(self.env.step(action))
 
     def render(self) -> Any:

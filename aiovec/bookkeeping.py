@@ -140,7 +140,7 @@ class TransitionAssembler:
         self._observation: list[Any] = [None] * num_envs
         self._action: list[Any] = [None] * num_envs
         self._after_end = [False] * num_envs
-        self._transitions: list[deque[tuple]] = [deque() for _ in range(num_envs)]
+        self._transitions: list[deque[tuple[Any, ...]]] = [deque() for _ in range(num_envs)]
 
     def reset(self, observations: Any, env_ids: Sequence[int] | None = None) -> None:
         """Record reset observations (a batch, in the order of ``env_ids``, default all)."""
@@ -157,7 +157,7 @@ class TransitionAssembler:
 
     def received(self, batch: Batch) -> None:
         """Turn a batch of results into transitions."""
-        final_observations = batch.infos.get("final_obs")
+        final_observations: Any = batch.infos.get("final_obs")  # set where _final_obs is
         final_mask = batch.infos.get("_final_obs")
         restarted_mask = batch.infos.get("_restarted")
         for row, env_id in enumerate(batch.env_ids.tolist()):

@@ -7,15 +7,16 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 DEFAULT_WORKLOADS = "W1,W3"
 
 
 @contextmanager
-def _progress(enabled: bool):
+def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
     """A rich spinner with a changing description; yields ``describe(text)``."""
     if not enabled:
         yield lambda text: None
@@ -159,7 +160,7 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def _measure(
-    aiovec: Any, env_id: str, num_envs: int, options: dict, seconds: float, repeats: int
+    aiovec: Any, env_id: str, num_envs: int, options: dict[str, Any], seconds: float, repeats: int
 ) -> tuple[float, Any]:
     """Median steps/s over ``repeats`` windows, and ``VecEnv.stats()`` over them."""
     with aiovec.make(env_id, num_envs, **options) as envs:
@@ -228,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    return cast(int, args.handler(args))  # every subcommand's handler returns an exit code
 
 
 if __name__ == "__main__":

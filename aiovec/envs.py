@@ -35,12 +35,14 @@ class NoOpEnv(gym.Env):
         self._observation = np.zeros(4, dtype=np.float32)
         self._steps = 0
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         self._steps = 0
         return self._observation, {}
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self._steps += 1
         return self._observation, 1.0, False, self._steps >= self.max_episode_steps, {}
 
@@ -68,12 +70,14 @@ class VariableLatencyEnv(NoOpEnv):
         self.mu = math.log(mean_step_time) - sigma**2 / 2
         self._latency_rng = np.random.default_rng()
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         if seed is not None:
             self._latency_rng = np.random.default_rng(seed)
         return super().reset(seed=seed, options=options)
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         delay = min(self._latency_rng.lognormal(self.mu, self.sigma), self.max_step_time)
         if self.mode == "sleep":
             time.sleep(delay)
@@ -87,12 +91,12 @@ class VariableLatencyEnv(NoOpEnv):
 class LargeObsEnv(NoOpEnv):
     """84x84x4 uint8 observations (an Atari frame stack), no-op dynamics."""
 
-    def __init__(self, shape: tuple[int, ...] = (84, 84, 4), max_episode_steps: int = 1000):
+    def __init__(self, shape: tuple[int, ...] = (84, 84, 4), max_episode_steps: int = 1000) -> None:
         super().__init__(max_episode_steps)
         self.observation_space = spaces.Box(0, 255, shape, np.uint8)
         self._observation = np.zeros(shape, dtype=np.uint8)
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self._observation.flat[0] = self._steps % 256  # a changing pixel, so copies are real
         return super().step(action)
 
@@ -112,11 +116,13 @@ class AsyncLatencyEnv(AsyncEnv):
         self.mu = math.log(mean_step_time) - sigma**2 / 2
         self._observation = np.zeros(4, dtype=np.float32)
 
-    async def reset(self, *, seed: int | None = None, options: dict | None = None):
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         await super().reset(seed=seed)
         return self._observation, {}
 
-    async def step(self, action: Any):
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         delay = min(self.np_random.lognormal(self.mu, self.sigma), self.max_step_time)
         await asyncio.sleep(delay)
         return self._observation, 1.0, False, False, {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import gymnasium.error
 
@@ -54,7 +55,10 @@ class EnvError(AiovecError):
         self.exc_message = exc_message
         self.worker_traceback = worker_traceback
         self.exc_module = exc_module
-        text = f"env {env_index} raised {exc_type} in {operation}(): {exc_message}"
+        # "step" reads "step()"; an operation that names its call already stays as it is
+        # (e.g. "step() of the batched env of envs 2..3").
+        call = operation if "(" in operation else f"{operation}()"
+        text = f"env {env_index} raised {exc_type} in {call}: {exc_message}"
         if worker_traceback:
             text += f"\n\nTraceback from the env's worker:\n{worker_traceback.rstrip()}"
         self._text = text
@@ -80,7 +84,7 @@ class EnvError(AiovecError):
             env_index, operation, exc_type, exc_message, worker_traceback, exc_module
         )
 
-    def __reduce__(self):  # keep pickling (e.g. through Ray) lossless
+    def __reduce__(self) -> tuple[Any, ...]:  # keep pickling (e.g. through Ray) lossless
         return (
             _rebuild_env_error,
             (
@@ -120,6 +124,7 @@ def _env_error_class(base: type[EnvError], module: str | None, qualname: str) ->
 
 
 def _rebuild_env_error(*args: object) -> EnvError:
+    # args are the tuple __reduce__ built from an EnvError, in create's order
     return EnvError.create(*args)  # type: ignore[arg-type]
 
 
@@ -135,7 +140,8 @@ class WorkerCrashedError(AiovecError):
     def __init__(
         self, worker_index: int, env_ids: Sequence[int], exitcode: int | None, hint: str = ""
     ) -> None:
-        self.worker_index = worker_index
+        # int | None: a StepTimeoutError of async envs has no worker to name
+        self.worker_index: int | None = worker_index
         self.env_ids = list(env_ids)
         self.exitcode = exitcode
         cause = _describe_exit(exitcode)
@@ -144,7 +150,7 @@ class WorkerCrashedError(AiovecError):
             text += f"; {hint}"
         super().__init__(text)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.worker_index, self.env_ids, self.exitcode))
 
 
@@ -191,7 +197,7 @@ class StepTimeoutError(WorkerCrashedError, multiprocessing.TimeoutError):
         )
         self.worker_index, self.env_ids, self.exitcode = worker_index, list(env_ids), None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.worker_index, self.env_ids, self.timed_out, self.timeout))
 
 
@@ -217,7 +223,7 @@ class StartupTimeoutError(AiovecError, TimeoutError):
             "them takes longer"
         )
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.env_ids, self.timeout, self.worker_index))
 
 

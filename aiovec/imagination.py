@@ -6,7 +6,7 @@ thousands of rollouts with it. :class:`ModelVectorEnv` is such a model behind th
 over worker processes like any batched env::
 
     model = DynamicsModel(obs_dim=4, num_actions=2)
-    fit_dynamics(model, transitions, seconds=5)          # real data, e.g. from aiovec
+    fit_dynamics(model, obs, actions, rewards, next_obs, terminations, seconds=5)
     envs = aiovec.make(
         ModelVectorEnv.factory, 4096, envs_per_block=2048,
         env_kwargs={"weights": model_weights(model), "start_states": starts, ...},
@@ -158,7 +158,9 @@ class ModelVectorEnv(VectorEnv):
         self.steps[rows] = 0
         self.ended[rows] = False
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         if seed is not None:
             self._generator.manual_seed(seed)
@@ -166,7 +168,7 @@ class ModelVectorEnv(VectorEnv):
         return self.state.numpy().copy(), {}
 
     @torch.no_grad()
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         resetting = self.ended.clone()
         next_state, rewards, logits = self.model(self.state, torch.as_tensor(np.asarray(actions)))
         self.state = next_state

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from gymnasium import spaces
@@ -105,8 +105,8 @@ class ReplayBuffer:
     def __init__(
         self,
         capacity: int,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
+        observation_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
         *,
         num_envs: int = 1,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
@@ -459,14 +459,15 @@ class ReplayBuffer:
             _flatten(arrays, name, getattr(self, name))
         arrays.update(self._extra_state())
         with open(path, "wb") as file:  # exactly this path: np.savez would append .npz
-            np.savez(file, **arrays)
+            # cast: numpy's stub reads a key of **arrays as its allow_pickle: bool
+            np.savez(file, **cast("dict[str, Any]", arrays))
 
     def _extra_state(self) -> dict[str, np.ndarray]:
         return {}
 
     @classmethod
     def load(
-        cls, path: str | Path, observation_space: spaces.Space, action_space: spaces.Space
+        cls, path: str | Path, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
     ) -> ReplayBuffer:
         """A buffer saved by :meth:`save`, for the same spaces."""
         with np.load(path, allow_pickle=False) as data:
@@ -537,8 +538,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def __init__(
         self,
         capacity: int,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
+        observation_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
         *,
         alpha: float = 0.6,
         beta: float = 0.4,
@@ -707,7 +708,7 @@ def to_torch(value: Any, device: Any = None) -> Any:
             tensor = torch.from_numpy(item)
             return tensor if device is None else tensor.to(device, non_blocking=True)
         if isinstance(item, Sample):
-            return Sample(*(convert(field) for field in item[:-1]), item.indices)
+            return Sample._make([*(convert(field) for field in item[:-1]), item.indices])
         if isinstance(item, dict):
             return {key: convert(sub) for key, sub in item.items()}
         if isinstance(item, tuple):
@@ -724,7 +725,8 @@ def _info_mask(infos: Any, key: str, count: int) -> np.ndarray:
         return np.zeros(count, dtype=np.bool_)
     values = np.asarray(infos[key])
     mask = np.asarray(infos.get(f"_{key}", np.ones(count, dtype=np.bool_)), dtype=np.bool_)
-    return mask & (values == True)  # noqa: E712 -- elementwise, values may be objects
+    # elementwise (values may be objects): an array, though typed Any
+    return cast(np.ndarray, mask & (values == True))  # noqa: E712
 
 
 def _first_leaf(batch: Any) -> Any:
@@ -734,7 +736,7 @@ def _first_leaf(batch: Any) -> Any:
     return batch
 
 
-def _with_final(space: spaces.Space, observations: Any, finals: Any, mask: Any) -> Any:
+def _with_final(space: spaces.Space[Any], observations: Any, finals: Any, mask: Any) -> Any:
     """``observations`` with the rows of ``mask`` replaced by ``final_obs``'s."""
     rows = np.flatnonzero(mask)
     merged = read_rows(observations, np.arange(len(mask)))  # a copy to write into
@@ -743,7 +745,7 @@ def _with_final(space: spaces.Space, observations: Any, finals: Any, mask: Any) 
     return merged
 
 
-def _stack_one(space: spaces.Space, value: Any) -> Any:
+def _stack_one(space: spaces.Space[Any], value: Any) -> Any:
     """One observation as a batch of one row."""
     if isinstance(space, spaces.Dict):
         return {key: _stack_one(sub, value[key]) for key, sub in space.spaces.items()}

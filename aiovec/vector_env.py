@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, NamedTuple, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -21,7 +21,7 @@ from gymnasium.vector.utils import batch_space
 from aiovec._auto import choose_backend
 from aiovec._infos import add_info, batch_infos
 from aiovec._loop import check_blocking_call
-from aiovec._protocol import Call, Reset, SetAttr, Step
+from aiovec._protocol import Call, Reply, Reset, SetAttr, Step
 from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
 from aiovec._spaces import (
     batch_checker,
@@ -49,7 +49,11 @@ from aiovec.errors import (
 BACKENDS = ("process", "inline", "coroutine", "ray")
 
 
-def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+_T = TypeVar("_T")
+
+
+def _timed(method: _Method) -> _Method:
     """Mark ``method`` (a public call) as a call into the vector env: its time counts in
     :meth:`VecEnv.stats`, and a call from a second thread meanwhile is refused."""
     if inspect.iscoroutinefunction(method):
@@ -63,7 +67,7 @@ def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 scheduler.exit_call()
 
-        return timed_coroutine
+        return cast(_Method, timed_coroutine)
 
     @functools.wraps(method)
     def timed(self: VecEnv, *args: Any, **kwargs: Any) -> Any:
@@ -74,7 +78,7 @@ def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             scheduler.exit_call()
 
-    return timed
+    return cast(_Method, timed)
 
 
 def refuse_custom_worker(worker: Callable[..., None]) -> None:
@@ -208,7 +212,7 @@ class VecEnv(VectorEnv):
             space: ``ValueError``; Graph/Sequence: ``TypeError``).
         worker: ``AsyncVectorEnv``'s custom worker function: refused with a
             ``ValueError`` (aiovec's workers do not run Gymnasium's pipe protocol).
-        envs_per_block: batched envs. With ``envs_per_block=k > 1`` each of ``env_fns``
+        envs_per_block: batched envs. With ``envs_per_block=k`` each of ``env_fns``
             returns a ``gymnasium.vector.VectorEnv`` of ``k`` envs (a *block*, stepped in
             one call), and the vector env has ``len(env_fns) * k`` rows; block ``b`` is
             rows ``b*k .. b*k+k-1``. Process, inline and Ray backends. A worker hosts whole
@@ -234,7 +238,8 @@ class VecEnv(VectorEnv):
 
     def __init__(
         self,
-        env_fns: Sequence[Callable[[], gym.Env]],
+        # each returns a gymnasium.Env, an aiovec.AsyncEnv, or (envs_per_block) a VectorEnv
+        env_fns: Sequence[Callable[[], Any]],
         *,
         backend: str = "process",
         num_workers: int | None = None,
@@ -250,17 +255,21 @@ class VecEnv(VectorEnv):
         ray_options: dict[str, Any] | None = None,
         concurrent_envs: bool | None = None,
         startup_timeout: float | None = 300.0,
-        observation_mode: str | tuple[gym.Space, gym.Space] = "same",
+        observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]] = "same",
         max_concurrency: int | None = None,
         shared_memory: bool | None = None,
         worker: Callable[..., None] | None = None,
-        envs_per_block: int = 1,
+        envs_per_block: int | None = None,
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
-        if isinstance(envs_per_block, bool) or not _is_int(envs_per_block) or envs_per_block < 1:
-            raise ValueError(f"envs_per_block must be a positive int, got {envs_per_block!r}")
-        #: Rows per batched env (1: single envs); ``num_envs`` is a multiple of it.
-        self.envs_per_block = block_size = int(envs_per_block)
+        if envs_per_block is not None and (not _is_int(envs_per_block) or envs_per_block < 1):
+            raise ValueError(
+                f"envs_per_block must be a positive int or None, got {envs_per_block!r}"
+            )
+        #: Rows per batched env (``None``: single envs); ``num_envs`` is a multiple of it.
+        self.envs_per_block = None if envs_per_block is None else int(envs_per_block)
+        batched = self.envs_per_block is not None
+        block_size = self.envs_per_block or 1
         if worker is not None:
             refuse_custom_worker(worker)
         env_fns = list(env_fns)
@@ -295,12 +304,12 @@ class VecEnv(VectorEnv):
                 num_workers = limit if num_workers is None else min(num_workers, limit)
                 concurrent_envs, inline_envs = False, 0
         self.max_concurrency = max_concurrency
-        if block_size > 1 and backend not in ("auto", "process", "inline", "ray"):
+        if batched and backend not in ("auto", "process", "inline", "ray"):
             raise ValueError(
-                f"batched envs (envs_per_block > 1) run on the 'process', 'inline' and "
+                f"batched envs (envs_per_block) run on the 'process', 'inline' and "
                 f"'ray' backends, got backend={backend!r}"
             )
-        if backend == "auto" and block_size > 1:
+        if backend == "auto" and batched:
             backend = "process"  # aiovec.make chooses the layout of batched envs
         if backend == "auto":
             # With restarts or step timeouts asked for, every env stays out of this process.
@@ -331,7 +340,7 @@ class VecEnv(VectorEnv):
             from aiovec.backends.inline import InlineBackend
 
             self._backend: Backend = InlineBackend(
-                env_fns, self.autoreset_mode, restarts, envs_per_block=block_size
+                env_fns, self.autoreset_mode, restarts, envs_per_block=self.envs_per_block
             )
         elif backend == "coroutine":
             from aiovec.backends.coroutine import CoroutineBackend
@@ -349,7 +358,7 @@ class VecEnv(VectorEnv):
                 restarts,
                 ray_options,
                 step_timeout,
-                envs_per_block=block_size,
+                envs_per_block=self.envs_per_block,
             )
         else:
             from aiovec.backends.process import ProcessBackend
@@ -365,7 +374,7 @@ class VecEnv(VectorEnv):
                 step_timeout=step_timeout,
                 concurrent_envs=concurrent_envs,
                 startup_timeout=startup_timeout,
-                envs_per_block=block_size,
+                envs_per_block=self.envs_per_block,
             )
         self.backend = backend
         #: Worker processes (process backend) or actors (Ray); 0 when envs run here.
@@ -373,7 +382,7 @@ class VecEnv(VectorEnv):
         #: How many envs this process steps itself.
         self.inline_envs = {"process": inline_envs, "ray": 0}.get(backend, self.num_envs)
         try:
-            if block_size > 1:
+            if batched:
                 self.autoreset_mode = _block_autoreset_mode(
                     self._backend.descriptions, requested_mode
                 )
@@ -427,7 +436,7 @@ class VecEnv(VectorEnv):
         self,
         *,
         seed: int | Sequence[int | None] | None = None,
-        options: dict | Sequence[dict | None] | None = None,
+        options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset the envs (all, or those in ``options["reset_mask"]``) and return
         ``(observations, infos)`` for the whole batch, like ``gymnasium`` ``reset``.
@@ -442,7 +451,9 @@ class VecEnv(VectorEnv):
         return await self._reset_wait(self._reset_submit(seed, options))
 
     @_timed
-    async def astep(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+    async def astep(
+        self, actions: Any
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with ``actions`` (a batch of the ``action_space``) and return
         ``(observations, rewards, terminations, truncations, infos)`` for the whole batch.
 
@@ -480,7 +491,7 @@ class VecEnv(VectorEnv):
         Raises before anything is written when a check fails."""
         self._check_open("send")
         env_ids, rows = self._resolve_env_ids(env_ids)
-        if self.envs_per_block > 1 and rows != slice(None):
+        if self.envs_per_block is not None and rows != slice(None):
             self._check_whole_blocks(env_ids, "send actions to")
         scheduler = self._scheduler
         self._check_idle(env_ids, "send actions to")
@@ -560,7 +571,7 @@ class VecEnv(VectorEnv):
     def _take_batch(self, max_envs: int | None) -> Batch:
         scheduler = self._scheduler
         limit = max_envs or self.num_envs
-        if self.envs_per_block > 1:  # whole blocks (the ready-queue holds whole blocks)
+        if self.envs_per_block is not None:  # whole blocks (the ready-queue holds whole blocks)
             limit = max(limit - limit % self.envs_per_block, self.envs_per_block)
         env_ids = scheduler.take_ready(limit)
         self._raise_first_error(env_ids)
@@ -607,11 +618,12 @@ class VecEnv(VectorEnv):
         infos = self._scheduler.infos
         if not infos:  # the common case for many envs: nothing to batch
             return {}
-        batch = [infos.pop(i, None) or {} for i in env_ids]
+        # cast: under `or {}`, mypy picks the dict.pop overload that refuses None
+        batch = [cast("dict[str, Any] | None", infos.pop(i, None)) or {} for i in env_ids]
         self._count_restarts(env_ids, batch)
         return batch_infos(batch)
 
-    def _count_restarts(self, env_ids: list[int], infos: list[dict | None]) -> None:
+    def _count_restarts(self, env_ids: list[int], infos: Sequence[dict[str, Any] | None]) -> None:
         """Count the envs whose info says they were rebuilt (``on_failure="restart"``)."""
         for env_id, info in zip(env_ids, infos):
             if info and info.get("restarted") is True:
@@ -619,7 +631,9 @@ class VecEnv(VectorEnv):
 
     # --- shared pieces of lockstep stepping and resetting -----------------------------------
 
-    async def _step_wait(self, tickets: list[Ticket], timeout: float | None = None) -> tuple:
+    async def _step_wait(
+        self, tickets: list[Ticket], timeout: float | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         scheduler = self._scheduler
         await scheduler.wait_until(lambda: all(ticket.done for ticket in tickets), timeout)
         env_ids = scheduler.take_ready(self.num_envs)
@@ -627,7 +641,9 @@ class VecEnv(VectorEnv):
         ordered = scheduler.all_env_ids if len(env_ids) == self.num_envs else sorted(env_ids)
         return self._lockstep_results(ordered)
 
-    def _step_in_place(self, actions: Any) -> tuple:
+    def _step_in_place(
+        self, actions: Any
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """:meth:`step` for a backend that completes commands inline, while no env has
         anything in flight or unread: the same checks and results without the
         ready-queue (the lockstep fast path)."""
@@ -649,7 +665,9 @@ class VecEnv(VectorEnv):
             scheduler.exit_call()
             scheduler.exit_sync()
 
-    def _lockstep_results(self, env_ids: list[int]) -> tuple:
+    def _lockstep_results(
+        self, env_ids: list[int]
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """The results of a step of all envs (``env_ids``, in order) as ``step`` returns
         them, or the first env's error (the step fails as a whole)."""
         scheduler = self._scheduler
@@ -678,7 +696,9 @@ class VecEnv(VectorEnv):
         return copy_buffer(self._buffers.observations) if self.copy else self._buffers.observations
 
     def _reset_submit(
-        self, seed: int | Sequence[int | None] | None, options: dict | None
+        self,
+        seed: int | Sequence[int | None] | None,
+        options: Any,  # a dict, or one dict (or None) per env: told apart below
     ) -> list[Ticket]:
         self._check_open("reset")
         seeds = _seeds(seed, self.num_envs)
@@ -710,7 +730,7 @@ class VecEnv(VectorEnv):
 
     async def _reset_wait(
         self, tickets: list[Ticket], timeout: float | None = None
-    ) -> tuple[Any, dict]:
+    ) -> tuple[Any, dict[str, Any]]:
         infos: dict[str, Any] = {}
         for ticket, reply in await self._wait_tickets(tickets, timeout):
             if reply.infos is not None:
@@ -719,7 +739,9 @@ class VecEnv(VectorEnv):
                         add_info(infos, info, env_id, self.num_envs)
         return self._full_observations(), infos
 
-    async def _wait_tickets(self, tickets: list[Ticket], timeout: float | None) -> list[tuple]:
+    async def _wait_tickets(
+        self, tickets: list[Ticket], timeout: float | None
+    ) -> list[tuple[Ticket, Reply]]:
         """Wait for control tickets; raise the first failure, else return (ticket, reply)."""
         await self._scheduler.wait_until(lambda: all(t.done for t in tickets), timeout)
         for ticket in tickets:
@@ -728,7 +750,8 @@ class VecEnv(VectorEnv):
             for env_id in ticket.env_ids:
                 if env_id in ticket.errors:
                     raise ticket.errors[env_id]
-        return [(ticket, ticket.reply) for ticket in tickets]
+        # done without a failure: each has its reply
+        return [(ticket, cast(Reply, ticket.reply)) for ticket in tickets]
 
     # --- calls and attributes -------------------------------------------------------------
 
@@ -762,8 +785,8 @@ class VecEnv(VectorEnv):
     def _call_submit(
         self,
         name: str,
-        args: tuple,
-        kwargs: dict,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         env_ids: Sequence[int] | None = None,
         function: Callable[..., Any] | None = None,
     ) -> tuple[list[int], list[Ticket]]:
@@ -781,7 +804,7 @@ class VecEnv(VectorEnv):
 
     async def _call_wait(
         self, env_ids: list[int], tickets: list[Ticket], timeout: float | None = None
-    ) -> tuple:
+    ) -> tuple[Any, ...]:
         """The call results, in the order of ``env_ids``."""
         results: dict[int, Any] = {}
         for ticket, reply in await self._wait_tickets(tickets, timeout):
@@ -815,14 +838,17 @@ class VecEnv(VectorEnv):
     # --- the synchronous Gymnasium API --------------------------------------------------------
 
     def reset(
-        self, *, seed: int | Sequence[int | None] | None = None, options: dict | None = None
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset all envs (or ``options["reset_mask"]``); see :meth:`areset`."""
         self._blocking_call("reset", "areset")
         self._begin("reset", synchronous=True)
         return self._run(self.areset(seed=seed, options=options))
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env; see :meth:`astep`."""
         self._blocking_call("step", "astep")
         self._begin("step", synchronous=True)
@@ -897,26 +923,29 @@ class VecEnv(VectorEnv):
         counts per env."""
         return tuple(self._scheduler.worker_restarts)
 
+    # One per env, as gymnasium's AsyncVectorEnv has them (VectorEnv types them singular).
     @property
-    def np_random_seed(self) -> tuple[int, ...]:
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
         """The seed of each env's random generator."""
         return self.get_attr("np_random_seed")
 
-    @property
-    def np_random(self) -> tuple[np.random.Generator, ...]:
+    @property  # type: ignore[misc]  # read-only: one generator per env, see above
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
         """Each env's random generator (copies: changing them does not affect the envs)."""
         return self.get_attr("np_random")
 
     # Gymnasium AsyncVectorEnv's split calls, for code written against it.
 
     def reset_async(
-        self, seed: int | Sequence[int | None] | None = None, options: dict | None = None
+        self,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
     ) -> None:
         """Start a reset; finish it with :meth:`reset_wait`."""
         self._begin("reset")
         self._pending = ("reset", self._reset_submit(seed, options))
 
-    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict]:
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Finish :meth:`reset_async`."""
         tickets = self._end("reset")
         return self._wait_pending("reset", tickets, self._reset_wait(tickets, timeout))
@@ -938,10 +967,10 @@ class VecEnv(VectorEnv):
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`call_async`."""
-        state = self._end("call")
+        state: tuple[list[int], list[Ticket]] = self._end("call")
         return self._wait_pending("call", state, self._call_wait(*state, timeout))
 
-    def _wait_pending(self, kind: str, state: Any, waiting: Any) -> Any:
+    def _wait_pending(self, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T:
         """Run the wait of a ``*_async`` call; after a timeout the call stays pending
         (its ``*_wait`` may be called again), as nothing of it is lost."""
         try:
@@ -980,7 +1009,7 @@ class VecEnv(VectorEnv):
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def _run(self, coroutine: Any) -> Any:
+    def _run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run one of the async methods to completion from synchronous code.
 
         In blocking mode every wait blocks in the kernel, so the coroutine never
@@ -1002,7 +1031,8 @@ class VecEnv(VectorEnv):
         try:
             coroutine.send(None)
         except StopIteration as finished:
-            return finished.value
+            value: _T = finished.value  # what the coroutine returned
+            return value
         except KeyboardInterrupt:
             self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
             raise
@@ -1099,7 +1129,7 @@ class VecEnv(VectorEnv):
         """Raise ValueError unless ``env_ids`` covers every row of each batched env it
         touches (no-op for single envs)."""
         size = self.envs_per_block
-        if size == 1:
+        if size is None or size == 1:  # single envs, or blocks that are always whole
             return
         counts: dict[int, int] = {}
         for env_id in env_ids:
@@ -1143,7 +1173,17 @@ def _block_autoreset_mode(
 ) -> AutoresetMode:
     """The autoreset mode of batched envs (they autoreset themselves): their own, which
     ``requested`` (the caller's ``autoreset_mode``, if any) must equal."""
-    mode = AutoresetMode(descriptions[0][2].get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    modes = [
+        AutoresetMode(d[2].get("autoreset_mode", AutoresetMode.NEXT_STEP)) for d in descriptions
+    ]
+    mode = modes[0]
+    for env_index, other in enumerate(modes):
+        if other is not mode:
+            raise ValueError(
+                f"the batched envs autoreset in different modes ({mode} for env 0, {other} "
+                f"for env {env_index}): one vector env has one autoreset mode, so build "
+                "every block with the same one"
+            )
     if requested is not None and requested is not mode:
         raise ValueError(
             f"autoreset_mode={requested} but the batched envs autoreset in {mode} mode "

@@ -149,6 +149,13 @@ TARGETS = [
     Target("W8 4096 rollouts: blocks on the workers >= 1.6x the model in-process",
            lambda d: ratio(rate(d, "W8-4096", "aiovec blocks"),
                            rate(d, "W8-4096", "torch model in-process")), 1.6),
+    # Ours, for #15: what the split reaches of the most any split can give here.
+    Target("W7 4096 envs: aiovec batched process >= 0.8 of the no-IPC ceiling (same cores)",
+           lambda d: ratio(rate(d, "W7-4096", "aiovec batched process"),
+                           rate(d, "W7-4096", "ceiling")), 0.8),
+    Target("W8 4096 rollouts: aiovec blocks >= 0.8 of the no-IPC ceiling (same cores)",
+           lambda d: ratio(rate(d, "W8-4096", "aiovec blocks"), rate(d, "W8-4096", "ceiling")),
+           0.8),
     # Earlier targets, kept as regression guards.
     Target("W1 8 envs: process backend >= 6x Async",
            lambda d: ratio(rate(d, "W1-8", "aiovec process"), rate(d, "W1-8", ASYNC)), 6.0),

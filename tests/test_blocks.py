@@ -416,3 +416,90 @@ def test_observations_outside_shared_memory_travel_per_row(backend):
         assert obs == expected
         obs, *_ = venv.step(np.ones((4, 1), np.float32))
         assert obs == reference[0].step(np.ones((2, 1)))[0] + reference[1].step(np.ones((2, 1)))[0]
+
+
+def test_blocks_of_one_env_are_blocks(backend):
+    with aiovec.make(point_masses, 3, envs_per_block=1, backend=backend) as venv:
+        assert venv.envs_per_block == 1
+        venv.reset(seed=0)
+        venv.step(np.zeros((3, 1), np.float32))
+    # Layouts aiovec picks itself may have one env per block (2 envs on 2 workers).
+    with aiovec.make(
+        "CartPole-v1", 2, vectorization_mode="vector_entry_point", backend="process",
+        num_workers=2,
+    ) as venv:  # fmt: skip
+        assert venv.envs_per_block == 1 and venv.num_workers == 2
+        venv.reset(seed=0)
+        venv.step(np.zeros(2, np.int64))
+    with aiovec.make("CartPole-v1", 1, vectorization_mode="vector_entry_point") as venv:
+        venv.reset(seed=0)
+        assert venv.step(np.zeros(1, np.int64))[0].shape == (1, 4)
+
+
+def test_blocks_with_different_autoreset_modes_are_refused():
+    modes = [{"autoreset_mode": "NextStep"}, {"autoreset_mode": "SameStep"}]
+    with pytest.raises(ValueError, match="different modes"):
+        aiovec.make(point_masses, 4, envs_per_block=2, env_kwargs=modes, backend="inline")
+
+
+def test_errors_name_the_block_at_build_and_step_time():
+    def failing(num_envs, index=0):
+        if index == 1:
+            raise OSError("no simulator licence")
+        return PointMassVectorEnv(num_envs)
+
+    with pytest.raises(
+        aiovec.EnvError,
+        match=r"env 2 raised OSError in make\(\) of the batched env of envs 2..3: no simulator",
+    ):
+        aiovec.make(
+            failing, 4, envs_per_block=2, env_kwargs=lambda b: {"index": b}, backend="inline"
+        )
+    with aiovec.make(
+        point_masses, 4, envs_per_block=2, env_kwargs=[{}, {"fail_at": 1}], backend="inline"
+    ) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(
+            aiovec.EnvError, match=r"in step\(\) of the batched env of envs 2..3: block failed"
+        ):
+            venv.step(np.zeros((4, 1), np.float32))
+
+
+class MisshapenVectorEnv(PointMassVectorEnv):
+    def __init__(self, num_envs, broken="observations"):
+        super().__init__(num_envs)
+        self.broken = broken
+
+    def step(self, actions):
+        obs, rewards, terminated, truncated, infos = super().step(actions)
+        if self.broken == "observations":
+            obs = obs[:, :1]  # would broadcast into the (k, 2) rows
+        else:
+            rewards = rewards[:1]
+        return obs, rewards, terminated, truncated, infos
+
+
+@pytest.mark.parametrize("broken", ["observations", "rewards"])
+def test_results_of_the_wrong_shape_are_errors_not_broadcast(backend, broken):
+    with aiovec.make(
+        lambda num_envs, broken: MisshapenVectorEnv(num_envs, broken), 4, envs_per_block=2,
+        backend=backend, env_kwargs={"broken": broken},
+    ) as venv:  # fmt: skip
+        venv.reset(seed=0)
+        with pytest.raises(aiovec.EnvError, match="shape"):
+            venv.step(np.zeros((4, 1), np.float32))
+
+
+class ArrayRenderVectorEnv(PointMassVectorEnv):
+    def render(self):
+        return np.stack(super().render())  # one (k, H, W, 3) array
+
+
+def test_render_as_one_array_is_split_per_env():
+    with aiovec.make(
+        lambda num_envs: ArrayRenderVectorEnv(num_envs, render_mode="rgb_array"), 4,
+        envs_per_block=2, backend="inline",
+    ) as venv:  # fmt: skip
+        venv.reset(seed=0)
+        frames = venv.render()
+        assert len(frames) == 4 and frames[3].shape == (8, 8, 3)

@@ -19,7 +19,7 @@ from gymnasium.vector import AutoresetMode
 from aiovec._blocks import build_host
 from aiovec._buffers import Buffers, build_buffers
 from aiovec._host import EnvBuildError
-from aiovec._protocol import Command, Reply
+from aiovec._protocol import EnvCommand, Reply
 
 
 class WorkerExit(NamedTuple):
@@ -43,7 +43,7 @@ class Wakeup:
     """What a backend's ``wait`` awaits: woken by a message, or by the timeout."""
 
     def __init__(self) -> None:
-        self._future: asyncio.Future | None = None
+        self._future: asyncio.Future[None] | None = None
 
     async def wait(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
         self._future = loop.create_future()
@@ -83,10 +83,12 @@ class Backend(abc.ABC):
     buffers: Buffers
 
     @abc.abstractmethod
-    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
+    def attach(
+        self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
+    ) -> Buffers:
         """Create the buffers every worker reads actions from and writes results to."""
 
-    def prepare(self, worker: int, command: Command) -> Any:
+    def prepare(self, worker: int, command: EnvCommand) -> Any:
         """``command`` ready for :meth:`submit` (encoded, where it travels).
 
         Raises here, never in :meth:`submit`, when the command cannot be sent (a value
@@ -100,7 +102,7 @@ class Backend(abc.ABC):
         """Queue a command made by :meth:`prepare` for ``worker``; never blocks on the
         envs and never fails."""
 
-    def execute_now(self, command: Command) -> Reply:
+    def execute_now(self, command: EnvCommand) -> Reply:
         """Run ``command`` to completion in this thread and return its reply; only for
         backends that :attr:`completes_inline` (the lockstep fast path)."""
         raise NotImplementedError(f"{type(self).__name__} does not complete commands inline")
@@ -174,11 +176,10 @@ class LocalBackend(Backend):
         env_fns: Sequence[Callable[[], Any]],
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
-        envs_per_block: int = 1,
+        envs_per_block: int | None = None,
     ) -> None:
-        factories = group_factories(
-            env_fns, list(range(len(env_fns) * envs_per_block)), envs_per_block
-        )
+        size = envs_per_block or 1  # rows per factory (None: single envs)
+        factories = group_factories(env_fns, list(range(len(env_fns) * size)), size)
         try:
             self._host, self.descriptions = build_host(
                 factories, autoreset_mode, max_restarts, envs_per_block
@@ -186,7 +187,9 @@ class LocalBackend(Backend):
         except EnvBuildError as exc:
             raise exc.info.to_exception() from None
 
-    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
+    def attach(
+        self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
+    ) -> Buffers:
         self.buffers = build_buffers(
             observation_space, action_space, len(self.descriptions), np.zeros
         )

@@ -22,7 +22,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import cloudpickle
 import numpy as np
@@ -34,10 +34,12 @@ from aiovec._auto import WAITING_CPU_SHARE, probe_step_time
 from aiovec._blocks import build_host
 from aiovec._buffers import build_buffers
 from aiovec._channel import HEADER
-from aiovec._host import EnvBuildError
+from aiovec._host import EnvBuildError, EnvHost
 from aiovec._loop import new_event_loop
 from aiovec._protocol import (
     Command,
+    EnvCommand,
+    ErrorInfo,
     Reply,
     Reset,
     Step,
@@ -77,7 +79,7 @@ class EnvActor:
         restart_reason: str | None,
         concurrent: bool | None = None,
         step_timeout: float | None = None,
-        envs_per_block: int = 1,
+        envs_per_block: int | None = None,
     ) -> None:
         env_fns = cloudpickle.loads(factories)
         try:
@@ -85,12 +87,13 @@ class EnvActor:
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
             )
         except EnvBuildError as exc:
-            self.build_error = exc.info
-            self.host = None
+            self.build_error: ErrorInfo | None = exc.info
+            # Never used again: describe() reports the error and the agent gives up.
+            self.host = None  # type: ignore[assignment]
             return
         self.build_error = None
         envs = self.host.envs
-        if envs_per_block > 1:
+        if envs_per_block is not None:
             concurrent = False  # a block is stepped in one call: nothing to overlap
         if restart_reason is not None:
             self.host.notify_restart(restart_reason)
@@ -106,14 +109,14 @@ class EnvActor:
             if not self.cancels_late_envs:
                 self.host.threads = EnvThreads()
             self._server = AsyncEnvServer(
-                self.host,
+                cast(EnvHost, self.host),  # a BlockHost is never concurrent (see above)
                 emit=self._finished,
                 step_timeout=step_timeout if self.cancels_late_envs else None,
             )
         self._outbox: list[tuple[Reply, Any]] = []
         self._owed = 0  # env commands submitted and not answered yet
         # seq -> [whether its replies carry result rows, env ids still to answer]
-        self._unanswered: dict[int, list] = {}
+        self._unanswered: dict[int, list[Any]] = {}
         self._progress: asyncio.Event | None = None  # calls: set when the outbox fills
         self._link: asyncio.StreamWriter | None = None  # link: where answers are pushed
         self._listeners: list[asyncio.Server] = []
@@ -128,12 +131,14 @@ class EnvActor:
             return self.build_error
         return self._descriptions, self.cancels_late_envs
 
-    def attach(self, observation_space: spaces.Space, action_space: spaces.Space, n: int) -> None:
+    def attach(
+        self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], n: int
+    ) -> None:
         self.host.attach(build_buffers(observation_space, action_space, n, np.zeros))
 
     # --- commands -------------------------------------------------------------------------
 
-    def _start(self, command: Command, actions: Any) -> None:
+    def _start(self, command: EnvCommand, actions: Any) -> None:
         """Run ``command`` (now, or on the server); its answers reach the outbox."""
         failed = undecodable_reply(command)
         if failed is not None:  # the caller's error: the envs answer with it

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from gymnasium.vector import AutoresetMode
 
 from aiovec._async_server import AsyncEnvServer
+from aiovec._host import EnvHost
 from aiovec._loop import new_event_loop
-from aiovec._protocol import Command
+from aiovec._protocol import EnvCommand
 from aiovec.async_env import AsyncEnv
 from aiovec.backends._base import LocalBackend, Message, Wakeup
 
@@ -37,7 +38,9 @@ class CoroutineBackend(LocalBackend):
         super().__init__(env_fns, autoreset_mode, max_restarts)
         self.groups = [list(range(len(self.descriptions)))]
         self._server = AsyncEnvServer(
-            self._host, emit=lambda reply: self._deliver((0, reply)), step_timeout=step_timeout
+            cast(EnvHost, self._host),  # no envs_per_block here: single envs, an EnvHost
+            emit=lambda reply: self._deliver((0, reply)),
+            step_timeout=step_timeout,
         )
         self._inbox: list[Message] = []
         self._wakeup = Wakeup()
@@ -46,7 +49,7 @@ class CoroutineBackend(LocalBackend):
 
     # --- commands -------------------------------------------------------------------------
 
-    def submit(self, worker: int, command: Command) -> None:
+    def submit(self, worker: int, command: EnvCommand) -> None:
         self._server.submit(command, self._current_loop())
 
     def _current_loop(self) -> asyncio.AbstractEventLoop:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from aiovec._protocol import Command, Reply
+from aiovec._protocol import EnvCommand, Reply
 from aiovec.backends._base import LocalBackend, Message
 
 
@@ -27,16 +27,16 @@ class InlineBackend(LocalBackend):
         env_fns: Sequence[Callable[[], gym.Env]],
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
-        envs_per_block: int = 1,
+        envs_per_block: int | None = None,
     ) -> None:
         super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block)
         self.groups = [self._host.group]
         self._outbox: list[Message] = []
 
-    def submit(self, worker: int, command: Command) -> None:
+    def submit(self, worker: int, command: EnvCommand) -> None:
         self._outbox.append((worker, self._host.execute(command)))
 
-    def execute_now(self, command: Command) -> Reply:
+    def execute_now(self, command: EnvCommand) -> Reply:
         """Run ``command`` here and return the reply (the lockstep fast path)."""
         return self._host.execute(command)
 

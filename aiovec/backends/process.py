@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 import gymnasium as gym
@@ -33,7 +33,8 @@ from aiovec._host import EnvBuildError, EnvHost
 from aiovec._memory import SharedRegion
 from aiovec._protocol import (
     Close,
-    Command,
+    EnvCommand,
+    ErrorInfo,
     Hello,
     Step,
     compact_step,
@@ -95,7 +96,7 @@ def _check_main_importable() -> None:
 def pickle_factories(env_fns: dict[int, Callable[[], gym.Env]]) -> bytes:
     """The factories as bytes for a worker, or a FactoryPicklingError naming the culprit."""
     try:
-        return cloudpickle.dumps(env_fns)
+        return cast(bytes, cloudpickle.dumps(env_fns))
     except Exception:
         pass
     for env_id, env_fn in env_fns.items():
@@ -131,14 +132,15 @@ class ProcessBackend(Backend):
         step_timeout: float | None = None,
         concurrent_envs: bool | None = None,
         startup_timeout: float | None = None,
-        envs_per_block: int = 1,
+        envs_per_block: int | None = None,
     ) -> None:
-        size = envs_per_block  # env_fns are factories of batched envs of this many rows
+        # With envs_per_block, env_fns are factories of batched envs of that many rows.
+        size = envs_per_block or 1
         num_envs = len(env_fns) * size
         if not 0 <= inline_envs < num_envs or inline_envs % size:
             raise ValueError(
                 f"inline_envs must be between 0 and num_envs - 1 = {num_envs - 1}"
-                + (f" and a multiple of envs_per_block={size}" if size > 1 else "")
+                + (f" and a multiple of envs_per_block={size}" if envs_per_block else "")
                 + f", got {inline_envs}"
             )
         remote_envs = num_envs - inline_envs
@@ -146,7 +148,7 @@ class ProcessBackend(Backend):
         if num_workers is None:
             num_workers = min(remote_units, os.cpu_count() or 1)
         if not 1 <= num_workers <= remote_units:
-            unit = "batched envs" if size > 1 else "envs"
+            unit = "batched envs" if envs_per_block else "envs"
             raise ValueError(
                 f"num_workers must be between 1 and the {remote_units} {unit} left for "
                 f"workers, got {num_workers}"
@@ -160,7 +162,7 @@ class ProcessBackend(Backend):
         self._payloads = [
             pickle_factories(group_factories(env_fns, group, size)) for group in self.groups
         ]
-        self._envs_per_block = size
+        self._envs_per_block = envs_per_block
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
         self._step_timeout = step_timeout
@@ -170,7 +172,7 @@ class ProcessBackend(Backend):
         self._async_workers: set[int] = set()  # workers of async envs (they time envs out)
         self._startup_timeout = startup_timeout
         # Restarted workers that have not said hello yet: (deadline, commands waiting).
-        self._starting: dict[int, tuple[float, list[Command | bytes]]] = {}
+        self._starting: dict[int, tuple[float, list[bytes]]] = {}
         self._start_errors: dict[int, Exception] = {}  # why a start failed, until its exit
         self._ready_since: dict[int, float] = {}
         self._local: EnvHost | BlockHost | None = None
@@ -190,8 +192,9 @@ class ProcessBackend(Backend):
         # Workers fork from a process that has already imported numpy and gymnasium, and
         # never import the user's __main__ (see aiovec._zygote).
         self._zygote = zygote.shared() if context == "zygote" else None
-        self._context = None if self._zygote else multiprocessing.get_context(context)
-        self._processes: list[multiprocessing.process.BaseProcess] = []
+        # Any: typeshed's BaseContext lacks the .Process that every real context has.
+        self._context: Any = None if self._zygote else multiprocessing.get_context(context)
+        self._processes: list[multiprocessing.process.BaseProcess | zygote.ZygoteProcess] = []
         self._connections: list[Channel] = []
         self._dead: set[int] = set()
         self._region: SharedRegion | None = None
@@ -203,15 +206,16 @@ class ProcessBackend(Backend):
         self.num_workers = num_workers
         try:
             for worker in range(num_workers):
-                self._processes.append(None)
-                self._connections.append(None)
+                # Placeholders that _start fills at once (close() copes with a failed start).
+                self._processes.append(None)  # type: ignore[arg-type]
+                self._connections.append(None)  # type: ignore[arg-type]
                 self._start(worker)
-            local_descriptions = []
+            local_descriptions: list[tuple[Any, ...]] = []
             if inline_envs:  # built while the workers build theirs
                 local_fns = group_factories(env_fns, self.groups[-1], size)
                 try:
                     self._local, local_descriptions = build_host(
-                        local_fns, autoreset_mode, max_restarts, size
+                        local_fns, autoreset_mode, max_restarts, envs_per_block
                     )
                 except EnvBuildError as exc:
                     raise exc.info.to_exception() from None
@@ -263,7 +267,8 @@ class ProcessBackend(Backend):
     def _handshake(self, workers: Sequence[int]) -> list[tuple[Any, ...]]:
         """Wait for the ``Hello`` of each of ``workers``; their env descriptions, in order."""
         described: dict[int, list[tuple[Any, ...]]] = {}
-        waiting = {self._connections[w]: w for w in workers}
+        # Channels and process sentinels (ints): wait() takes anything with a fileno().
+        waiting: dict[Any, int] = {self._connections[w]: w for w in workers}
         waiting.update({self._processes[w].sentinel: w for w in workers})
         deadline = (
             None if self._startup_timeout is None else time.monotonic() + self._startup_timeout
@@ -302,7 +307,9 @@ class ProcessBackend(Backend):
     def cancels_late_envs(self, worker: int) -> bool:
         return worker in self._async_workers
 
-    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
+    def attach(
+        self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
+    ) -> Buffers:
         num_envs = len(self.descriptions)
         self._region = SharedRegion(buffers_nbytes(observation_space, action_space, num_envs))
         self._layout = pickle.dumps((observation_space, action_space, num_envs, self._region.size))
@@ -348,12 +355,13 @@ class ProcessBackend(Backend):
         _, waiting = self._starting.pop(worker)
         if not isinstance(hello, Hello) or hello.error is not None:
             if isinstance(hello, Hello):
-                self._start_errors[worker] = hello.error.to_exception()
+                # not None: a Hello without an error did not get here
+                self._start_errors[worker] = cast(ErrorInfo, hello.error).to_exception()
             self._processes[worker].kill()  # reported with that error through the sentinel
             return
         connection = self._connections[worker]
         try:
-            connection.send_fd(self._region.fd)
+            connection.send_fd(cast(SharedRegion, self._region).fd)  # attached before restarts
             connection.send(self._layout)
         except OSError:  # it died just now: reported through the sentinel
             return
@@ -385,7 +393,7 @@ class ProcessBackend(Backend):
 
     # --- commands and messages ----------------------------------------------------------------
 
-    def prepare(self, worker: int, command: Command) -> Command | bytes:
+    def prepare(self, worker: int, command: EnvCommand) -> EnvCommand | bytes:
         if worker == len(self._processes):  # this process's own group: run as is
             return command
         if worker in self._dead:
@@ -394,9 +402,11 @@ class ProcessBackend(Backend):
             command = compact_step(command, self.groups[worker])
         return encode(wire_command(command))
 
-    def submit(self, worker: int, command: Command | bytes) -> None:
+    def submit(self, worker: int, command: Any) -> None:
+        # command: from prepare: the EnvCommand itself for this process's own group, else bytes
         if worker == len(self._processes):  # this process's own group: run it now
-            self._inbox.append((worker, self._local.execute(command)))
+            local = cast("EnvHost | BlockHost", self._local)  # built with the own group
+            self._inbox.append((worker, local.execute(command)))
             return
         starting = self._starting.get(worker)
         if starting is not None:  # sent once the new worker has said hello
@@ -461,8 +471,8 @@ class ProcessBackend(Backend):
                 self._poller = select.poll()
                 for worker in range(len(self._processes)):
                     if worker not in self._dead:
-                        events = select.POLLIN | (select.POLLOUT if worker in self._unsent else 0)
-                        self._poller.register(self._connections[worker].fileno(), events)
+                        interest = select.POLLIN | (select.POLLOUT if worker in self._unsent else 0)
+                        self._poller.register(self._connections[worker].fileno(), interest)
                         self._poller.register(self._processes[worker].sentinel, select.POLLIN)
             spin = self._spin_policy.begin()
             events = self._spin_poll(spin) if spin else []
@@ -483,7 +493,7 @@ class ProcessBackend(Backend):
 
     def _spin_poll(self, seconds: float) -> list[tuple[int, int]]:
         deadline = time.perf_counter() + seconds
-        poll = self._poller.poll
+        poll = cast(select.poll, self._poller).poll  # built by wait_blocking, the caller
         while time.perf_counter() < deadline:
             events = poll(0)
             if events:

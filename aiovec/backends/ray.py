@@ -37,7 +37,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._buffers import Buffers, build_buffers
 from aiovec._channel import Channel
-from aiovec._protocol import Command, Step, encode, to_wire, wire_command
+from aiovec._protocol import EnvCommand, Step, encode, to_wire, wire_command
 from aiovec._spaces import read_rows, write_rows
 from aiovec.backends._base import (
     Backend,
@@ -80,7 +80,7 @@ class RayBackend(Backend):
         max_restarts: int = 0,
         ray_options: dict[str, Any] | None = None,
         step_timeout: float | None = None,
-        envs_per_block: int = 1,
+        envs_per_block: int | None = None,
     ) -> None:
         options = dict(ray_options or {})
         transport = options.pop("transport", None)
@@ -105,11 +105,11 @@ class RayBackend(Backend):
             num_workers = min(units, int(ray.available_resources().get("CPU", 1)) or 1)
         if not 1 <= num_workers <= units:
             raise ValueError(f"num_workers must be between 1 and {units}, got {num_workers}")
-        self.groups = split_groups(units, num_workers, envs_per_block)
+        self.groups = split_groups(units, num_workers, envs_per_block or 1)
         self.num_workers = num_workers
         self._envs_per_block = envs_per_block
         self._factories = [
-            cloudpickle.dumps(group_factories(env_fns, group, envs_per_block))
+            cloudpickle.dumps(group_factories(env_fns, group, envs_per_block or 1))
             for group in self.groups
         ]
         self._autoreset_mode = autoreset_mode
@@ -157,6 +157,7 @@ class RayBackend(Backend):
             raise WorkerCrashedError(worker, self.groups[worker], None, hint) from exc
         if not isinstance(description, tuple):  # an ErrorInfo: a factory raised
             raise description.to_exception()
+        descriptions: list[Any]
         descriptions, cancels_late_envs = description
         if cancels_late_envs:
             self._cancelling.add(worker)
@@ -165,7 +166,9 @@ class RayBackend(Backend):
     def cancels_late_envs(self, worker: int) -> bool:
         return worker in self._cancelling
 
-    def attach(self, observation_space: spaces.Space, action_space: spaces.Space) -> Buffers:
+    def attach(
+        self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
+    ) -> Buffers:
         self._spaces = (observation_space, action_space, len(self.descriptions))
         ray.get([actor.attach.remote(*self._spaces) for actor in self._actors])
         for worker in range(self.num_workers):
@@ -175,7 +178,7 @@ class RayBackend(Backend):
 
     # --- commands and results -------------------------------------------------------------
 
-    def prepare(self, worker: int, command: Command) -> tuple[int, bytes]:
+    def prepare(self, worker: int, command: EnvCommand) -> tuple[int, bytes]:
         actions = None
         if isinstance(command, Step) and command.actions is None:
             actions = read_rows(self.buffers.actions, command.env_ids)
@@ -463,8 +466,8 @@ class _Calls:
         self._backend = backend
         self._in_flight: dict[Any, int] = {}  # object ref -> worker
         self._calls = [0] * backend.num_workers  # exchange calls in flight, per actor
-        self._futures: dict[Any, asyncio.Future] = {}
-        self._interrupted: asyncio.Future | None = None
+        self._futures: dict[Any, asyncio.Future[Any]] = {}
+        self._interrupted: asyncio.Future[None] | None = None
         self.closing = False
 
     def interrupt(self) -> None:

@@ -48,7 +48,7 @@ class Contender:
         env = getattr(self, "env", None)
         return env.stats() if isinstance(env, aiovec.VecEnv) else None
 
-    def _action_batches(self, space: gym.Space) -> list[Any]:
+    def _action_batches(self, space: gym.Space[Any]) -> list[Any]:
         space.seed(0)
         return [space.sample() for _ in range(16)]
 
@@ -176,6 +176,65 @@ class BareAsyncioFloor(Contender):
         self._loop.close()
 
 
+class ParallelCeiling(Contender):
+    """Not a vector env: ``processes`` independent processes, each stepping its own
+    vector env of ``num_envs / processes`` rows in a tight loop, with no coordination at
+    all. The most any split of the batch over that many cores can give on this machine
+    (a vectorized step is rarely linear in its rows)."""
+
+    library = "ceiling"
+
+    def __init__(self, make_block: Callable[[int], Any], processes: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.make_block, self.processes = make_block, processes
+        self.name = f"ceiling: {processes} processes x {self.num_envs // processes} rows, no IPC"
+
+    def start(self) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")  # nothing to pickle, nothing to import
+        self._pipes, self._children = [], []
+        for _ in range(self.processes):
+            parent, child = context.Pipe()
+            process = context.Process(
+                target=_step_until_told,
+                args=(child, self.make_block, self.num_envs // self.processes),
+                daemon=True,
+            )
+            process.start()
+            child.close()
+            self._pipes.append(parent)
+            self._children.append(process)
+
+    def run(self, seconds: float) -> int:
+        for pipe in self._pipes:
+            pipe.send(seconds)
+        return sum(pipe.recv() for pipe in self._pipes)
+
+    def close(self) -> None:
+        for pipe, process in zip(self._pipes, self._children):
+            pipe.send(None)
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            pipe.close()
+
+
+def _step_until_told(pipe: Any, make_block: Callable[[int], Any], rows: int) -> None:
+    block = make_block(rows)
+    block.reset(seed=0)
+    block.action_space.seed(0)
+    actions = [block.action_space.sample() for _ in range(16)]
+    while (seconds := pipe.recv()) is not None:
+        steps, deadline = 0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            block.step(actions[steps % 16])
+            steps += 1
+        pipe.send(steps * rows)
+    block.close()
+
+
 class SB3Lockstep(GymnasiumLockstep):
     """Stable-Baselines3's ``DummyVecEnv`` / ``SubprocVecEnv``."""
 
@@ -230,7 +289,8 @@ class RayActorPerEnv(Contender):
         import ray
 
         ensure_ray()
-        actor = ray.remote(num_cpus=0)(_StepActor)
+        # Any: an actor class, whose handles' methods gain .remote (untyped in Ray's stubs)
+        actor: Any = ray.remote(num_cpus=0)(_StepActor)
         self.actors = [actor.remote(self.env_fn) for _ in range(self.num_envs)]
         ray.get([a.reset.remote(i) for i, a in enumerate(self.actors)])
         self._refs = {a.step.remote(0): i for i, a in enumerate(self.actors)}
@@ -285,7 +345,7 @@ def lockstep_contenders(
     num_envs: int,
     *,
     env_id: str | None = None,
-    env_kwargs: dict | None = None,
+    env_kwargs: dict[str, Any] | None = None,
     copy: bool = True,
     include: tuple[str, ...] = (
         "auto",
@@ -323,7 +383,10 @@ def lockstep_contenders(
         )
     if "hybrid" in include and num_envs > 1:
         cores = min(os.cpu_count() or 1, num_envs)
-        options = {"num_workers": max(cores - 1, 1), "inline_envs": num_envs // max(cores, 2)}
+        options: dict[str, Any] = {
+            "num_workers": max(cores - 1, 1),
+            "inline_envs": num_envs // max(cores, 2),
+        }
         contenders.append(
             GymnasiumLockstep(
                 f"aiovec process ({options['num_workers']} workers + main process)",

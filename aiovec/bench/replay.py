@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -47,13 +48,21 @@ class _ListReference:
     """What a replay buffer looks like written by hand: a deque of tuples."""
 
     def __init__(self, capacity: int) -> None:
-        self.storage: deque[tuple] = deque(maxlen=capacity)
+        self.storage: deque[tuple[Any, ...]] = deque(maxlen=capacity)
 
-    def add(self, observations, actions, rewards, next_observations, terminations, truncations):
+    def add(
+        self,
+        observations: Any,
+        actions: Any,
+        rewards: Any,
+        next_observations: Any,
+        terminations: Any,
+        truncations: Any,
+    ) -> None:
         for row in zip(observations, actions, rewards, next_observations, terminations):
             self.storage.append(row)
 
-    def sample(self, batch_size: int) -> tuple:
+    def sample(self, batch_size: int) -> tuple[Any, ...]:
         rows = random.choices(self.storage, k=batch_size)
         return tuple(np.stack(column) for column in zip(*rows))
 
@@ -76,7 +85,7 @@ def run_replay(
     """Insert and sample rates of each buffer, full to a quarter of CAPACITY first."""
     rng = np.random.default_rng(0)
     batches = [_transitions(rng) for _ in range(16)]
-    contenders: dict[str, object] = {
+    contenders: dict[str, ReplayBuffer | _ListReference] = {
         "aiovec ReplayBuffer": ReplayBuffer(CAPACITY, OBSERVATION_SPACE, ACTION_SPACE),
         "aiovec PrioritizedReplayBuffer": PrioritizedReplayBuffer(
             CAPACITY, OBSERVATION_SPACE, ACTION_SPACE

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -70,7 +70,7 @@ def workload_table(result: WorkloadResult) -> str:
             "|---|---|---|---|---|---|",
         ]
         for entry in with_breakdown:
-            b = entry.breakdown
+            b = cast("dict[str, float]", entry.breakdown)  # kept for having one
             lines.append(
                 f"| {entry.name} | {b['agent']:,.1f} | {b['env']:,.1f} | {b['wait']:,.1f} "
                 f"| {b['latency_p50']:,.0f} us | {b['latency_p99']:,.0f} us |"

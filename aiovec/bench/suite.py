@@ -6,6 +6,7 @@ everyone alike, and each figure is the median over windows.
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 
@@ -94,12 +95,12 @@ def _run_workload(
             progress(f"{workload.key}: starting {contender.name}")
             try:
                 existing = set(system.descendant_pids())
-                memory_before = system.proportional_memory([system.os.getpid()])
+                memory_before = system.proportional_memory([os.getpid()])
                 contender.start()
                 contender.run(min(0.3, seconds))  # warm-up: caches, first episodes
                 if workload.measure_memory:
                     new = [pid for pid in system.descendant_pids() if pid not in existing]
-                    used = system.proportional_memory([system.os.getpid(), *new]) - memory_before
+                    used = system.proportional_memory([os.getpid(), *new]) - memory_before
                     results[contender.name].memory_per_env = used / workload.num_envs
             except Exception as exc:  # a library that fails is reported, not fatal
                 results[contender.name].error = f"{type(exc).__name__}: {exc}"
@@ -115,7 +116,9 @@ def _run_workload(
                 steps = contender.run(seconds)
                 elapsed = time.perf_counter() - clock_before
                 if stats_before is not None:
-                    windows[contender.name].append(contender.stats() - stats_before)
+                    # a contender with stats before has them after
+                    stats_after = cast(aiovec.Stats, contender.stats())
+                    windows[contender.name].append(stats_after - stats_before)
                 cpu[contender.name][0] += system.tree_cpu_seconds() - cpu_before
                 cpu[contender.name][1] += steps
                 results[contender.name].rates.append(steps / elapsed)
@@ -123,9 +126,9 @@ def _run_workload(
         for contender in started:
             contender.close()
     for contender in contenders:
-        used, steps = cpu[contender.name]
-        if steps:
-            results[contender.name].cpu_us_per_step = 1e6 * used / steps
+        cpu_seconds, step_count = cpu[contender.name]
+        if step_count:
+            results[contender.name].cpu_us_per_step = 1e6 * cpu_seconds / step_count
         results[contender.name].recv_latencies = contender.recv_latencies
         results[contender.name].breakdown = breakdown(windows[contender.name])
     return WorkloadResult(
@@ -170,12 +173,12 @@ def run_memory(num_envs: int = 64, progress: Progress = print) -> list[MemoryRes
     for contender in lockstep_contenders(env_fn, num_envs, env_id="CartPole-v1"):
         progress(f"memory: {contender.name}")
         existing = set(system.descendant_pids())
-        before = system.proportional_memory([system.os.getpid()])
+        before = system.proportional_memory([os.getpid()])
         try:
             contender.start()
             contender.run(0.05)
             new = [pid for pid in system.descendant_pids() if pid not in existing]
-            after = system.proportional_memory([system.os.getpid()])
+            after = system.proportional_memory([os.getpid()])
             results.append(
                 MemoryResult(contender.name, after - before + system.proportional_memory(new))
             )

@@ -70,7 +70,7 @@ def bare_step_seconds(env_fn: Callable[[], gym.Env], seconds: float = 0.3) -> fl
     env.reset(seed=0)
     env.action_space.seed(0)
     actions = [env.action_space.sample() for _ in range(64)]
-    samples = []
+    samples: list[float] = []
     deadline = time.perf_counter() + seconds
     steps = 0
     while time.perf_counter() < deadline or len(samples) < 3:

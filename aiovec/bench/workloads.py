@@ -17,6 +17,7 @@ from aiovec.bench.contenders import (
     Contender,
     EnvFn,
     GymnasiumLockstep,
+    ParallelCeiling,
     RayActorPerEnv,
     SB3Lockstep,
     ensure_ray,
@@ -43,7 +44,7 @@ class Workload:
 
     key: str
     title: str
-    env_fn: EnvFn
+    env_fn: Callable[[], gym.Env | aiovec.AsyncEnv]  # W6's envs are async
     num_envs: int
     contenders: Callable[[], list[Contender]]
     metric: str = "steps/s"
@@ -104,7 +105,7 @@ def _latency_workload(
     )
 
     def contenders() -> list[Contender]:
-        common = {"env_fn": env_fn, "num_envs": num_envs}
+        common: dict[str, Any] = {"env_fn": env_fn, "num_envs": num_envs}
         # What users get without options: VecEnv(fns) (the AsyncVectorEnv replacement)
         # and make(..., backend="auto"), both first-ready one env at a time.
         result: list[Contender] = [
@@ -144,8 +145,15 @@ def _latency_workload(
             # one actor stepping all its envs concurrently (they mostly sleep), taking
             # no CPU reservation; the agent takes whatever is ready
             for transport in (None, "calls"):  # the default (link), and Ray calls
-                ray_options = {"num_cpus": 0, **({"transport": transport} if transport else {})}
-                options = {"backend": "ray", "num_workers": 1, "ray_options": ray_options}
+                ray_options: dict[str, Any] = {
+                    "num_cpus": 0,
+                    **({"transport": transport} if transport else {}),
+                }
+                options: dict[str, Any] = {
+                    "backend": "ray",
+                    "num_workers": 1,
+                    "ray_options": ray_options,
+                }
                 result.append(AiovecFirstReady(num_envs, options, **common))
             result.append(RayActorPerEnv(**common))
         return result
@@ -168,7 +176,7 @@ def spin_with_busy_neighbour() -> Workload:
     env_fn = _make("aiovec/NoOp-v0")
 
     def contenders() -> list[Contender]:
-        common = {"env_fn": env_fn, "num_envs": 1}
+        common: dict[str, Any] = {"env_fn": env_fn, "num_envs": 1}
         return [
             GymnasiumLockstep(
                 "aiovec process (spin default)",
@@ -255,7 +263,7 @@ def w6(num_envs: int = 1000) -> Workload:
     env_fn = partial(AsyncLatencyEnv, mean_step_time=mean)
 
     def contenders() -> list[Contender]:
-        common = {"num_envs": num_envs}
+        common: dict[str, Any] = {"num_envs": num_envs}
         workers = min(num_envs, 64)
         result: list[Contender] = [
             AiovecFirstReady(num_envs, {"backend": "coroutine"}, env_fn=env_fn, **common),
@@ -296,7 +304,7 @@ def w7(num_envs: int = 4096) -> Workload:
     workers, vs one in-process Gymnasium vector env of ``num_envs`` and vs aiovec with
     ``num_envs`` single-instance CartPoles."""
     env_fn = _make("CartPole-v1")
-    common = {"env_fn": env_fn, "num_envs": num_envs}
+    common: dict[str, Any] = {"env_fn": env_fn, "num_envs": num_envs}
     batched = partial(aiovec.make, "CartPole-v1", num_envs, vectorization_mode="vector_entry_point")
 
     def contenders() -> list[Contender]:
@@ -322,6 +330,11 @@ def w7(num_envs: int = 4096) -> Workload:
                 partial(aiovec.make, "CartPole-v1", num_envs),
                 **common,
             ),
+            ParallelCeiling(
+                partial(gym.make_vec, "CartPole-v1", vectorization_mode="vector_entry_point"),
+                CORES,
+                **common,
+            ),
         ]
 
     return Workload(
@@ -344,12 +357,12 @@ def w8(num_envs: int = 4096, horizon: int = 16) -> Workload:
 
     torch.manual_seed(0)
     start_states = np.random.default_rng(0).uniform(-0.05, 0.05, (256, 4)).astype(np.float32)
-    env_kwargs = {
+    env_kwargs: dict[str, Any] = {
         "weights": model_weights(DynamicsModel(obs_dim=4, num_actions=2)),
         "start_states": start_states,
         "horizon": horizon,
     }
-    common = {"env_fn": _make("CartPole-v1"), "num_envs": num_envs}
+    common: dict[str, Any] = {"env_fn": _make("CartPole-v1"), "num_envs": num_envs}
     blocks = partial(
         aiovec.make,
         ModelVectorEnv.factory,
@@ -378,6 +391,7 @@ def w8(num_envs: int = 4096, horizon: int = 16) -> Workload:
                 partial(ModelVectorEnv, num_envs, **env_kwargs),
                 **common,
             ),
+            ParallelCeiling(partial(ModelVectorEnv.factory, **env_kwargs), CORES, **common),
         ]
 
     return Workload(

@@ -17,7 +17,7 @@ import multiprocessing
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -97,11 +97,13 @@ class SB3VecEnv(VecEnv):
         if not isinstance(actions, (list, tuple, np.ndarray)) or len(actions) != self.num_envs:
             return actions
         try:
-            return concatenate(space, list(actions), create_empty_array(space, self.num_envs))
+            # cast: create_empty_array is typed as possibly None, which it never returns
+            out = cast(Any, create_empty_array(space, self.num_envs))
+            return concatenate(space, list(actions), out)
         except (AssertionError, KeyError, TypeError, ValueError, IndexError):
             return actions  # not one action per env (a tuple of batches): aiovec checks it
 
-    def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, list[dict]]:
+    def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         observations, rewards, terminations, truncations, infos = self.venv.step_wait()
         dones = terminations | truncations
         per_env = unbatch_infos(infos, self.num_envs)
@@ -170,7 +172,7 @@ class SB3VecEnv(VecEnv):
                 stacklevel=2,
             )
             return [None] * self.num_envs
-        return list(self.venv.render())
+        return list(cast("tuple[Any, ...]", self.venv.render()))  # rgb_array: a frame per env
 
     def _indices(self, indices: None | int | Iterable[int]) -> list[int]:
         """SB3's ``indices`` as env ids; negative ones count from the end, as in SB3's
