@@ -1098,7 +1098,8 @@ class VecEnv(VectorEnv):
 
     def __repr__(self) -> str:
         name = f"{self.spec.id}, " if self.spec is not None else ""
-        return f"VecEnv({name}num_envs={self.num_envs}, backend={self.backend!r})"
+        blocks = "" if self.envs_per_block is None else f", envs_per_block={self.envs_per_block}"
+        return f"VecEnv({name}num_envs={self.num_envs}, backend={self.backend!r}{blocks})"
 
     # --- checks -----------------------------------------------------------------------------
 

@@ -1,0 +1,176 @@
+"""The wire protocol round-trips every value exactly: samples of every Gymnasium space
+type (as infos, call results, observations and actions travel), and every command and
+reply, including the compact form of a step for a worker's whole group. No processes:
+encoding and decoding only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from aiovec._protocol import (
+    Call,
+    ErrorInfo,
+    Reply,
+    Reset,
+    SetAttr,
+    Step,
+    compact_step,
+    decode_command,
+    decode_message,
+    encode,
+    encode_reply,
+    expand_command,
+    wire_command,
+)
+
+SPACES = {
+    "box-f32": spaces.Box(-1, 1, (3, 2), np.float32),
+    "box-f64": spaces.Box(-1, 1, (4,), np.float64),
+    "box-u8-image": spaces.Box(0, 255, (8, 8, 3), np.uint8),
+    "box-i64": spaces.Box(-(2**40), 2**40, (2,), np.int64),
+    "box-f16-scalar": spaces.Box(-1, 1, (), np.float16),
+    "discrete": spaces.Discrete(7, start=-3),
+    "multi-discrete": spaces.MultiDiscrete([[2, 3], [4, 5]]),
+    "multi-binary": spaces.MultiBinary(5),
+    "text": spaces.Text(12),
+    "graph": spaces.Graph(spaces.Box(-1, 1, (2,)), spaces.Discrete(3)),
+    "sequence": spaces.Sequence(spaces.Discrete(4)),
+    "one-of": spaces.OneOf([spaces.Discrete(2), spaces.Box(-1, 1, (2,))]),
+    "dict": spaces.Dict(
+        {"pos": spaces.Box(-1, 1, (2,)), "inner": spaces.Dict({"k": spaces.Discrete(3)})}
+    ),
+    "tuple": spaces.Tuple((spaces.MultiBinary(2), spaces.Text(4), spaces.Discrete(2))),
+}
+
+
+def assert_exact(actual, expected, path="value"):
+    """Equal values of the same types (and dtypes, for numpy)."""
+    assert type(actual) is type(expected), f"{path}: {type(actual)} is not {type(expected)}"
+    if isinstance(expected, np.ndarray | np.generic):
+        assert actual.dtype == expected.dtype, f"{path}: {actual.dtype} != {expected.dtype}"
+        np.testing.assert_array_equal(actual, expected, err_msg=path)
+    elif isinstance(expected, dict):
+        assert list(actual) == list(expected), path
+        for key in expected:
+            assert_exact(actual[key], expected[key], f"{path}[{key!r}]")
+    elif isinstance(expected, tuple | list):
+        assert len(actual) == len(expected), path
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            assert_exact(a, e, f"{path}[{index}]")
+    elif hasattr(expected, "_fields"):  # GraphInstance and other named tuples
+        for field in expected._fields:
+            assert_exact(getattr(actual, field), getattr(expected, field), f"{path}.{field}")
+    else:
+        assert actual == expected, path
+
+
+def round_trip_reply(values):
+    reply = Reply(seq=3, env_ids=list(range(len(values))), infos=values, values=values)
+    decoded = decode_message(encode_reply(reply))
+    return decoded.infos, decoded.values
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_samples_of_every_space_round_trip_exactly(name):
+    space = SPACES[name]
+    space.seed(0)
+    samples = [space.sample() for _ in range(25)]
+    infos, values = round_trip_reply(
+        [{"sample": sample, "n": i} for i, sample in enumerate(samples)]
+    )
+    for sample, info, value in zip(samples, infos, values):
+        assert_exact(info["sample"], sample)
+        assert_exact(value["sample"], sample)
+    # Actions by value (spaces not in shared memory, or another dtype than the space's).
+    step = Step(9, list(range(len(samples))), samples, stream=True)
+    decoded = decode_command(encode(wire_command(step)))
+    assert decoded.seq == 9 and decoded.stream
+    for sample, action in zip(samples, decoded.actions):
+        assert_exact(action, sample)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        -(2**63),
+        2**64 - 1,
+        2**70,  # beyond msgpack's integers: pickled, still exact
+        1.5,
+        float("inf"),
+        True,
+        None,
+        "text",
+        b"\x00bytes",
+        [1, [2, 3]],
+        (1, "a"),
+        {1: "non-str keys"},
+        {"nested": {"array": np.arange(6, dtype=np.int16).reshape(2, 3)}},
+        np.float32(0.25),
+        np.int8(-3),
+        np.bool_(True),
+        np.array(["a", "bc"]),  # not a numeric dtype: pickled
+        np.zeros((0, 4), np.float64),
+        np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        np.arange(10)[::3],  # not contiguous
+        {1, 2},
+        frozenset({"a"}),
+        complex(1, 2),
+        slice(1, 5),
+    ],
+    ids=repr,
+)
+def test_infos_and_call_results_keep_value_and_type(value):
+    infos, values = round_trip_reply([{"x": value}])
+    assert_exact(infos[0]["x"], value)
+    assert_exact(values[0]["x"], value)
+
+
+def test_commands_round_trip():
+    commands = [
+        Reset(1, [0, 2], [5, None], {"difficulty": np.float32(2)}),
+        Reset(2, [1], [None], [{"a": 1}], per_env_options=True),
+        Step(3, [4, 5], None),
+        Call(4, [0], "render", (1,), {"mode": "x"}),
+        SetAttr(5, [0, 1], "gravity", [9.8, np.float64(3.7)]),
+    ]
+    for command in commands:
+        decoded = decode_command(encode(wire_command(command)))
+        assert type(decoded) is type(command)
+        assert decoded.seq == command.seq and decoded.env_ids == command.env_ids
+
+
+def test_a_step_for_a_whole_group_travels_without_its_env_ids():
+    group = list(range(100, 4196))
+    compact = compact_step(Step(7, group, None), group)
+    frame = encode(wire_command(compact))
+    assert len(frame) < 32  # no env ids on the wire
+    decoded = expand_command(decode_command(frame), group)
+    assert decoded.env_ids is group
+    # A step for another list (even with the same ids) travels in full.
+    assert compact_step(Step(8, list(group), None), group).env_ids == group
+    # The reply for the whole group comes back compact; the agent restores its ids.
+    reply = Reply(7, group, infos=None)
+    assert decode_message(encode_reply(reply, group)).env_ids == []
+    assert decode_message(encode_reply(Reply(7, group[:3]), group)).env_ids == group[:3]
+
+
+def test_errors_standing_for_a_block_keep_every_env_id():
+    error = ErrorInfo(
+        4, "step", "RuntimeError", "boom", "tb", exc_module="builtins", env_ids=[4, 5, 6, 7]
+    )
+    decoded = decode_message(encode_reply(Reply(1, [4, 5, 6, 7], errors=[error])))
+    assert decoded.errors[0].env_ids == [4, 5, 6, 7]
+    exception = decoded.errors[0].to_exception()
+    assert isinstance(exception, RuntimeError) and exception.env_index == 4
+
+
+def test_a_value_that_cannot_be_pickled_fails_only_its_reply():
+    import threading
+
+    reply = Reply(2, [0, 1], values=[threading.Lock(), 1])
+    decoded = decode_message(encode_reply(reply))
+    assert [error.env_id for error in decoded.errors] == [0, 1]
+    assert "could not be sent back" in decoded.errors[0].message
