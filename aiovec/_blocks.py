@@ -26,7 +26,15 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aiovec._buffers import Buffers
-from aiovec._host import EnvBuildError, EnvHost, _close_quietly, build_envs, describe, error_info
+from aiovec._host import (
+    EnvBuildError,
+    EnvDescription,
+    EnvHost,
+    _close_quietly,
+    build_envs,
+    describe,
+    error_info,
+)
 from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
 from aiovec._spaces import batch_values, copy_buffer, is_shareable, split_batch, write_rows
 
@@ -104,11 +112,12 @@ def _checked_block(block: Any, envs_per_block: int) -> VectorEnv:
     return block
 
 
-def describe_block(block: VectorEnv) -> list[tuple[Any, ...]]:
-    """:func:`~aiovec._host.describe` for each row of ``block`` (its single spaces)."""
+def describe_block(block: VectorEnv) -> list[EnvDescription]:
+    """The :class:`~aiovec._host.EnvDescription` of each row of ``block`` (its single
+    spaces; its metadata says its autoreset mode)."""
     metadata = dict(block.metadata)
     metadata.setdefault("autoreset_mode", AutoresetMode.NEXT_STEP)
-    description = (
+    description = EnvDescription(
         block.single_observation_space,
         block.single_action_space,
         metadata,
@@ -123,7 +132,7 @@ def build_host(
     autoreset_mode: AutoresetMode,
     max_restarts: int = 0,
     envs_per_block: int | None = None,
-) -> tuple[EnvHost | BlockHost, list[tuple[Any, ...]]]:
+) -> tuple[EnvHost | BlockHost, list[EnvDescription]]:
     """A host for ``env_fns`` (keyed by env id; with ``envs_per_block``, block
     factories keyed by their block's first row) and the description of each env.
 

@@ -67,9 +67,22 @@ def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
     return envs
 
 
-def describe(env: gym.Env) -> tuple[Any, ...]:
-    """What the vector env needs to know about an env: spaces, metadata, render mode, spec."""
-    return (env.observation_space, env.action_space, dict(env.metadata), env.render_mode, env.spec)
+class EnvDescription(NamedTuple):
+    """What the vector env needs to know about one env (a row, for batched envs), as a
+    host reports it once the env is built."""
+
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
+    metadata: dict[str, Any]
+    render_mode: str | None
+    spec: Any  # gymnasium.envs.registration.EnvSpec, or None
+
+
+def describe(env: gym.Env[Any, Any]) -> EnvDescription:
+    """The :class:`EnvDescription` of ``env``."""
+    return EnvDescription(
+        env.observation_space, env.action_space, dict(env.metadata), env.render_mode, env.spec
+    )
 
 
 class EnvHost:

@@ -182,7 +182,8 @@ class Hello(msgspec.Struct, array_like=True, tag=True):
     async_envs: bool = False
 
 
-Message = Union[Reply, Hello]
+#: What a worker sends its agent: a reply, or its first message.
+WorkerMessage = Union[Reply, Hello]
 
 # --- encoding of arbitrary values -----------------------------------------------------------
 
@@ -355,7 +356,7 @@ def decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:
 _numpy_header_decoder = msgspec.msgpack.Decoder(tuple[str, list[int], bool])
 _encoder = msgspec.msgpack.Encoder()
 _command_decoder: msgspec.msgpack.Decoder[Command] = decoder(Command)
-_message_decoder = decoder(Message)
+_message_decoder = decoder(WorkerMessage)
 
 encode = _encoder.encode
 decode_command = _command_decoder.decode

@@ -27,7 +27,7 @@ import numpy as np
 
 from aiovec._protocol import EnvCommand, Reply
 from aiovec._stats import StatsRecorder
-from aiovec.backends._base import Backend, Message, WorkerExit, WorkerGone
+from aiovec.backends._base import Backend, WorkerEvent, WorkerExit, WorkerGone
 from aiovec.errors import (
     ClosedError,
     StepTimeoutError,
@@ -403,7 +403,7 @@ class Scheduler:
                 self._timed_out[ticket.worker] = [e for e in ticket.env_ids if e not in answered]
                 self.backend.kill(ticket.worker)
 
-    def dispatch(self, messages: list[Message], pump: bool = False) -> None:
+    def dispatch(self, messages: list[WorkerEvent], pump: bool = False) -> None:
         """Apply what the workers said: finish tickets, fill the ready-queue; wake the
         waiting tasks (``pump``: the caller is the task that waits on the backend)."""
         if not messages:
@@ -414,7 +414,7 @@ class Scheduler:
         if self._pumping and not pump:
             self.backend.interrupt()  # the pump's own condition may hold now
 
-    def _apply(self, messages: list[Message]) -> None:
+    def _apply(self, messages: list[WorkerEvent]) -> None:
         for worker, message in messages:
             if isinstance(message, WorkerExit):
                 self._worker_exited(worker, message)

@@ -19,6 +19,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from aiovec._auto import choose_backend
+from aiovec._host import EnvDescription
 from aiovec._infos import add_info, batch_infos
 from aiovec._loop import check_blocking_call
 from aiovec._protocol import Call, Reply, Reset, SetAttr, Step
@@ -411,12 +412,13 @@ class VecEnv(VectorEnv):
         self._steps_in_place = self._backend.completes_inline
         self.closed = False
 
-    def _set_spaces(self, descriptions: list[tuple[Any, ...]]) -> None:
-        _, action_space, metadata, render_mode, _ = descriptions[0]
+    def _set_spaces(self, descriptions: list[EnvDescription]) -> None:
+        first = descriptions[0]
+        action_space, metadata, render_mode = first.action_space, first.metadata, first.render_mode
         self.single_observation_space, self.observation_space = observation_spaces(
-            self.observation_mode, [description[0] for description in descriptions]
+            self.observation_mode, [description.observation_space for description in descriptions]
         )
-        for index, (_, act_space, *_) in enumerate(descriptions):
+        for index, act_space in enumerate(d.action_space for d in descriptions):
             if act_space != action_space:
                 raise RuntimeError(
                     f"Some environments have an action space different from `{action_space}`. "
@@ -1170,12 +1172,13 @@ class VecEnv(VectorEnv):
 
 
 def _block_autoreset_mode(
-    descriptions: list[tuple[Any, ...]], requested: AutoresetMode | None
+    descriptions: list[EnvDescription], requested: AutoresetMode | None
 ) -> AutoresetMode:
     """The autoreset mode of batched envs (they autoreset themselves): their own, which
     ``requested`` (the caller's ``autoreset_mode``, if any) must equal."""
     modes = [
-        AutoresetMode(d[2].get("autoreset_mode", AutoresetMode.NEXT_STEP)) for d in descriptions
+        AutoresetMode(d.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        for d in descriptions
     ]
     mode = modes[0]
     for env_index, other in enumerate(modes):

@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from aiovec._protocol import ErrorInfo, Reply, Step
 from aiovec._scheduler import BUSY, IDLE, READY, Scheduler
-from aiovec.backends._base import Backend, Message, WorkerExit
+from aiovec.backends._base import Backend, WorkerEvent, WorkerExit
 from aiovec.errors import EnvError, WorkerCrashedError
 
 
@@ -21,7 +21,7 @@ class RecordingBackend(Backend):
         self.groups = groups
         self.descriptions = []
         self.sent: list[tuple[int, object]] = []
-        self.inbox: list[Message] = []
+        self.inbox: list[WorkerEvent] = []
         self.restarted: list[int] = []
 
     def attach(self, observation_space: spaces.Space, action_space: spaces.Space):
@@ -30,14 +30,14 @@ class RecordingBackend(Backend):
     def submit(self, worker: int, command: object) -> None:
         self.sent.append((worker, command))
 
-    def poll(self) -> list[Message]:
+    def poll(self) -> list[WorkerEvent]:
         messages, self.inbox = self.inbox, []
         return messages
 
-    async def wait(self, timeout: float | None = None) -> list[Message]:
+    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
         return self.poll()
 
-    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
         return self.poll()
 
     def restart(self, worker: int, reason: str) -> None:

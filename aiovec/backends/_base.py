@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._blocks import build_host
 from aiovec._buffers import Buffers, build_buffers
-from aiovec._host import EnvBuildError
+from aiovec._host import EnvBuildError, EnvDescription
 from aiovec._protocol import EnvCommand, Reply
 
 
@@ -36,7 +36,8 @@ class WorkerGone(Exception):
     but not yet applied by the scheduler (which then applies it and tries again)."""
 
 
-Message = tuple[int, "Reply | WorkerExit"]  # (worker index, what it said)
+#: What a backend hands the scheduler: ``(worker index, its reply or its exit)``.
+WorkerEvent = tuple[int, "Reply | WorkerExit"]
 
 
 class Wakeup:
@@ -66,8 +67,8 @@ class Backend(abc.ABC):
     Construction builds every env (blocking) and raises :class:`aiovec.EnvError` if a
     factory fails. Afterwards:
 
-    - :attr:`groups` lists the env ids of each worker; :attr:`descriptions` holds, per
-      env, ``(observation_space, action_space, metadata, render_mode, spec)``.
+    - :attr:`groups` lists the env ids of each worker; :attr:`descriptions` holds an
+      :class:`~aiovec._host.EnvDescription` per env.
     - :meth:`attach` must be called once, before the first command.
     """
 
@@ -79,7 +80,7 @@ class Backend(abc.ABC):
     #: Workers whose envs run inside the caller's calls, in this process (their time
     #: is the agent's, not a worker's).
     local_workers: frozenset[int] = frozenset()
-    descriptions: list[tuple[Any, ...]]
+    descriptions: list[EnvDescription]
     buffers: Buffers
 
     @abc.abstractmethod
@@ -108,15 +109,15 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not complete commands inline")
 
     @abc.abstractmethod
-    def poll(self) -> list[Message]:
+    def poll(self) -> list[WorkerEvent]:
         """Whatever the workers have said since the last call, without waiting."""
 
     @abc.abstractmethod
-    async def wait(self, timeout: float | None = None) -> list[Message]:
+    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
         """Wait in the running event loop until a message is available; ``[]`` on timeout."""
 
     @abc.abstractmethod
-    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
         """Like :meth:`wait`, blocking the thread instead (no event loop involved)."""
 
     def ready_since(self, worker: int) -> float:

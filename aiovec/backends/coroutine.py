@@ -20,7 +20,7 @@ from aiovec._host import EnvHost
 from aiovec._loop import new_event_loop
 from aiovec._protocol import EnvCommand
 from aiovec.async_env import AsyncEnv
-from aiovec.backends._base import LocalBackend, Message, Wakeup
+from aiovec.backends._base import LocalBackend, Wakeup, WorkerEvent
 
 
 class CoroutineBackend(LocalBackend):
@@ -42,7 +42,7 @@ class CoroutineBackend(LocalBackend):
             emit=lambda reply: self._deliver((0, reply)),
             step_timeout=step_timeout,
         )
-        self._inbox: list[Message] = []
+        self._inbox: list[WorkerEvent] = []
         self._wakeup = Wakeup()
         self._private_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # where the runners live
@@ -73,18 +73,18 @@ class CoroutineBackend(LocalBackend):
 
     # --- messages -------------------------------------------------------------------------
 
-    def _deliver(self, message: Message) -> None:
+    def _deliver(self, message: WorkerEvent) -> None:
         self._inbox.append(message)
         self._wakeup.wake()
 
     def interrupt(self) -> None:
         self._wakeup.wake()
 
-    def poll(self) -> list[Message]:
+    def poll(self) -> list[WorkerEvent]:
         messages, self._inbox = self._inbox, []
         return messages
 
-    async def wait(self, timeout: float | None = None) -> list[Message]:
+    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
         if not self._inbox:
             loop = asyncio.get_running_loop()
             if loop is not self._loop and self._server.busy():
@@ -95,7 +95,7 @@ class CoroutineBackend(LocalBackend):
             await self._wakeup.wait(loop, timeout)
         return self.poll()
 
-    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
         if self._inbox:
             return self.poll()
         loop = self._current_loop()

@@ -13,7 +13,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from aiovec._protocol import EnvCommand, Reply
-from aiovec.backends._base import LocalBackend, Message
+from aiovec.backends._base import LocalBackend, WorkerEvent
 
 
 class InlineBackend(LocalBackend):
@@ -31,7 +31,7 @@ class InlineBackend(LocalBackend):
     ) -> None:
         super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block)
         self.groups = [self._host.group]
-        self._outbox: list[Message] = []
+        self._outbox: list[WorkerEvent] = []
 
     def submit(self, worker: int, command: EnvCommand) -> None:
         self._outbox.append((worker, self._host.execute(command)))
@@ -40,14 +40,14 @@ class InlineBackend(LocalBackend):
         """Run ``command`` here and return the reply (the lockstep fast path)."""
         return self._host.execute(command)
 
-    def poll(self) -> list[Message]:
+    def poll(self) -> list[WorkerEvent]:
         messages, self._outbox = self._outbox, []
         return messages
 
-    async def wait(self, timeout: float | None = None) -> list[Message]:
+    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
         return self.poll()
 
-    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
         return self.poll()
 
     def close(self, timeout: float) -> None:

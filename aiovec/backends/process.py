@@ -29,7 +29,7 @@ from aiovec import _zygote as zygote
 from aiovec._blocks import BlockHost, build_host
 from aiovec._buffers import Buffers, buffers_nbytes, build_buffers
 from aiovec._channel import Channel, channel_pair
-from aiovec._host import EnvBuildError, EnvHost
+from aiovec._host import EnvBuildError, EnvDescription, EnvHost
 from aiovec._memory import SharedRegion
 from aiovec._protocol import (
     Close,
@@ -46,8 +46,8 @@ from aiovec._spin import SpinPolicy
 from aiovec._worker import worker_main
 from aiovec.backends._base import (
     Backend,
-    Message,
     Wakeup,
+    WorkerEvent,
     WorkerExit,
     WorkerGone,
     group_factories,
@@ -198,7 +198,7 @@ class ProcessBackend(Backend):
         self._connections: list[Channel] = []
         self._dead: set[int] = set()
         self._region: SharedRegion | None = None
-        self._inbox: list[Message] = []
+        self._inbox: list[WorkerEvent] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup = Wakeup()
         self._poller: select.poll | None = None  # for wait_blocking, built on first use
@@ -210,7 +210,7 @@ class ProcessBackend(Backend):
                 self._processes.append(None)  # type: ignore[arg-type]
                 self._connections.append(None)  # type: ignore[arg-type]
                 self._start(worker)
-            local_descriptions: list[tuple[Any, ...]] = []
+            local_descriptions: list[EnvDescription] = []
             if inline_envs:  # built while the workers build theirs
                 local_fns = group_factories(env_fns, self.groups[-1], size)
                 try:
@@ -264,9 +264,9 @@ class ProcessBackend(Backend):
 
     # --- start-up -------------------------------------------------------------------------
 
-    def _handshake(self, workers: Sequence[int]) -> list[tuple[Any, ...]]:
+    def _handshake(self, workers: Sequence[int]) -> list[EnvDescription]:
         """Wait for the ``Hello`` of each of ``workers``; their env descriptions, in order."""
-        described: dict[int, list[tuple[Any, ...]]] = {}
+        described: dict[int, list[EnvDescription]] = {}
         # Channels and process sentinels (ints): wait() takes anything with a fileno().
         waiting: dict[Any, int] = {self._connections[w]: w for w in workers}
         waiting.update({self._processes[w].sentinel: w for w in workers})
@@ -447,14 +447,14 @@ class ProcessBackend(Backend):
     def interrupt(self) -> None:
         self._wakeup.wake()
 
-    def poll(self) -> list[Message]:
+    def poll(self) -> list[WorkerEvent]:
         for worker, connection in enumerate(self._connections):
             if worker not in self._dead:
                 self._drain(worker, connection)
         messages, self._inbox = self._inbox, []
         return messages
 
-    async def wait(self, timeout: float | None = None) -> list[Message]:
+    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._bind(loop)
@@ -464,7 +464,7 @@ class ProcessBackend(Backend):
         messages, self._inbox = self._inbox, []
         return messages
 
-    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
         timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
             if self._poller is None:

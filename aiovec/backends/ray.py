@@ -37,12 +37,13 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._buffers import Buffers, build_buffers
 from aiovec._channel import Channel
+from aiovec._host import EnvDescription
 from aiovec._protocol import EnvCommand, Step, encode, to_wire, wire_command
 from aiovec._spaces import read_rows, write_rows
 from aiovec.backends._base import (
     Backend,
-    Message,
     Wakeup,
+    WorkerEvent,
     WorkerExit,
     group_factories,
     split_groups,
@@ -121,7 +122,7 @@ class RayBackend(Backend):
         self._actors: list[Any] = [None] * num_workers
         self._owed = [0] * num_workers  # env commands each actor has not answered yet
         self._dead: set[int] = set()
-        self._inbox: list[Message] = []
+        self._inbox: list[WorkerEvent] = []
         self._placement: list[dict[str, Any]] = [{}] * num_workers
         self._step_timeout = step_timeout
         self._cancelling: set[int] = set()  # actors that cancel their late (async) envs
@@ -157,7 +158,7 @@ class RayBackend(Backend):
             raise WorkerCrashedError(worker, self.groups[worker], None, hint) from exc
         if not isinstance(description, tuple):  # an ErrorInfo: a factory raised
             raise description.to_exception()
-        descriptions: list[Any]
+        descriptions: list[EnvDescription]
         descriptions, cancels_late_envs = description
         if cancels_late_envs:
             self._cancelling.add(worker)
@@ -216,23 +217,23 @@ class RayBackend(Backend):
     def interrupt(self) -> None:
         self._transport.interrupt()
 
-    def poll(self) -> list[Message]:
+    def poll(self) -> list[WorkerEvent]:
         return self._messages(self._transport.poll())
 
-    async def wait(self, timeout: float | None = None) -> list[Message]:
+    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
         if not self._inbox:
             await self._transport.wait(timeout)
         # What woke us is already gathered (read by the loop's callbacks, or an awaited
         # ref): no second pass over every link or in-flight call.
         return self._messages(self._transport.take())
 
-    def _messages(self, answers: list[tuple[int, Any]]) -> list[Message]:
+    def _messages(self, answers: list[tuple[int, Any]]) -> list[WorkerEvent]:
         for worker, answer in answers:
             self._collect(worker, answer)
         messages, self._inbox = self._inbox, []
         return messages
 
-    def wait_blocking(self, timeout: float | None = None) -> list[Message]:
+    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
         if not self._inbox:
             self._transport.wait_blocking(timeout)
         return self.poll()
