@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+from aiovec._blocks import BlockHost
 from aiovec._host import EnvHost, StepOutcome, error_info
 from aiovec._protocol import EnvCommand, Reply, Step, merge_replies
 from aiovec.errors import StepTimeoutError
@@ -232,3 +233,92 @@ class AsyncEnvServer:
         if all(part is not None for part in parts):
             del self._gathering[command.seq]
             self._emit(merge_replies(cast("list[Reply]", parts)))  # none is None now
+
+
+class AsyncBlockServer:
+    """Executes commands on ``host``'s async batched envs, each block as a task of the
+    running loop: a step is answered block by block as blocks finish (first-ready at
+    block granularity); another command once all its blocks are done. Commands to one
+    block run in order. The interface of :class:`AsyncEnvServer` (step timeouts are not
+    enforced for blocks).
+    """
+
+    def __init__(self, host: BlockHost, emit: Callable[[Reply], None]) -> None:
+        self.host = host
+        self._emit = emit
+        # first row -> (command, its rows' positions for a step, else the block's index)
+        self._queues: dict[int, deque[tuple[EnvCommand, Any]]] = {
+            first_row: deque() for first_row in host.envs
+        }
+        self.runners: dict[int, asyncio.Task[None]] = {}
+        # seq -> (blocks still to answer, each block's outcome in blocks_of order)
+        self._gathering: dict[int, tuple[list[int], list[Any]]] = {}
+        #: Accepted for AsyncEnvServer's interface: a block's runner always ends when idle.
+        self.park = False
+
+    def submit(self, command: EnvCommand, loop: asyncio.AbstractEventLoop) -> None:
+        """Queue ``command`` on each of its blocks; runners start on ``loop``."""
+        blocks = self.host.blocks_of(command.env_ids)
+        if not isinstance(command, Step):
+            self._gathering[command.seq] = ([len(blocks)], [None] * len(blocks))
+        for index, (first_row, positions) in enumerate(blocks):
+            where = positions if isinstance(command, Step) else index
+            self._queues[first_row].append((command, where))
+            if first_row not in self.runners:
+                self.runners[first_row] = loop.create_task(self._run(first_row))
+
+    def busy(self) -> bool:
+        """Whether some block has a command queued or running."""
+        return any(self._queues[first_row] for first_row in self.runners)
+
+    def retire(self) -> list[asyncio.Task[None]]:
+        """Cancel every runner."""
+        runners = list(self.runners.values())
+        for runner in runners:
+            runner.cancel()
+        self.runners.clear()
+        return runners
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        """Cancel every runner, then close every block (awaiting async ``close``
+        methods for up to ``timeout`` seconds); errors while closing are ignored."""
+        runners = self.retire()
+        if runners:
+            await asyncio.wait(runners, timeout=timeout)
+        closes: list[Awaitable[Any]] = []
+        for block in self.host.envs.values():
+            try:
+                result: Any = cast(Any, block).close()  # async batched envs: awaitable
+            except Exception:
+                continue
+            if inspect.isawaitable(result):
+                closes.append(result)
+        if closes:
+            try:
+                await asyncio.wait_for(asyncio.gather(*closes, return_exceptions=True), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _run(self, first_row: int) -> None:
+        queue = self._queues[first_row]
+        try:
+            while queue:
+                command, where = queue[0]
+                if isinstance(command, Step):
+                    reply = await self.host.execute_block_async(command, first_row, where)
+                    queue.popleft()
+                    self._emit(reply)
+                    continue
+                blocks = self.host.blocks_of(command.env_ids)
+                index = cast(int, where)
+                outcome = await self.host.execute_block_async(command, first_row, blocks[index][1])
+                queue.popleft()
+                remaining, outcomes = self._gathering[command.seq]
+                outcomes[index] = outcome
+                remaining[0] -= 1
+                if not remaining[0]:
+                    del self._gathering[command.seq]
+                    self._emit(self.host.other_reply(command, outcomes))
+        finally:
+            if self.runners.get(first_row) is asyncio.current_task():
+                del self.runners[first_row]

@@ -18,6 +18,7 @@ its step time and the share of that time spent on the CPU:
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import pickle
@@ -50,7 +51,10 @@ def probe_step_time(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
     """``(seconds per step, CPU share of that time)`` of one env built by ``env_fn`` (a
     batched env: seconds per step of the whole batch)."""
     env = env_fn()
-    if isinstance(env, AsyncEnv):  # nothing to time: async envs always run as coroutines
+    asynchronous = isinstance(env, AsyncEnv) or (
+        isinstance(env, VectorEnv) and inspect.iscoroutinefunction(env.step)
+    )
+    if asynchronous:  # nothing to time: async envs always run as coroutines
         raise _AsyncEnvFound
     try:
         env.reset(seed=0)
@@ -120,7 +124,10 @@ def choose_backend(
 
 
 def choose_block_layout(
-    block_fn_of: Callable[[int], Callable[[], Any]], num_envs: int, isolate: bool = False
+    block_fn_of: Callable[[int], Callable[[], Any]],
+    num_envs: int,
+    isolate: bool = False,
+    envs_per_block: int | None = None,
 ) -> dict[str, Any]:
     """``VecEnv`` options (``backend``, ``num_workers``, ``inline_envs``) and
     ``envs_per_block`` for ``num_envs`` rows of batched envs; ``block_fn_of(k)`` is a
@@ -134,11 +141,22 @@ def choose_block_layout(
     cannot halve it.) Of one block per core, this process steps the last while
     ``cores - 1`` workers step the others (measured on 2 cores, a torch model: 1.71 vs
     1.46 M steps/s with a worker per block), unless ``isolate`` keeps every block out of
-    this process.
+    this process. Async batched envs (``async def step``) run as coroutines, one
+    block of ``num_envs`` unless ``envs_per_block`` says otherwise; with
+    ``envs_per_block`` given, only the backend is chosen.
     """
     cores = os.cpu_count() or 1
     blocks = max(d for d in range(1, min(cores, num_envs) + 1) if num_envs % d == 0)
     size = num_envs // blocks
+    try:
+        _probe(block_fn_of(envs_per_block or size))
+    except _AsyncEnvFound:
+        return {"backend": "coroutine", "envs_per_block": envs_per_block or num_envs}
+    except Exception:  # the real construction reports the error, with the env's index
+        pass
+    if envs_per_block is not None:
+        local = envs_per_block == num_envs and not isolate
+        return {"backend": "inline" if local else "process", "envs_per_block": envs_per_block}
     if blocks == 1:
         return {"backend": "process" if isolate else "inline", "envs_per_block": num_envs}
     try:

@@ -17,8 +17,11 @@ Invariants:
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
+from operator import methodcaller
 from typing import Any
 
 import numpy as np
@@ -30,9 +33,12 @@ from aiovec._host import (
     EnvBuildError,
     EnvDescription,
     EnvHost,
+    Flow,
     _close_quietly,
     build_envs,
     describe,
+    drive,
+    drive_async,
     error_info,
 )
 from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
@@ -234,6 +240,39 @@ class BlockHost:
             reply.busy = self.take_busy()
             send(reply)
 
+    async def execute_block_async(
+        self, command: EnvCommand, first_row: int, positions: Sequence[int]
+    ) -> Any:
+        """Run ``command`` on one block, awaiting what an async batched env's methods
+        return. A step gives the block's :class:`Reply`; another command gives the
+        block's outcome for :meth:`other_reply` (per-row results, ``None``, or the
+        exception the block raised)."""
+        target = partial(self.envs.__getitem__, first_row)
+        started = time.perf_counter()
+        if type(command) is Step:
+            outcome = await drive_async(self._step_flow(first_row, command, positions), target)
+            self._busy += time.perf_counter() - started
+            reply = self._step_blocks(command, [(first_row, positions)], [outcome])
+            reply.busy = self.take_busy()
+            return reply
+        try:
+            return await drive_async(self._other_flow(first_row, command, positions), target)
+        except Exception as exc:
+            return exc
+        finally:
+            self._busy += time.perf_counter() - started
+
+    def other_reply(self, command: EnvCommand, outcomes: list[Any]) -> Reply:
+        """The reply to a reset, call or set_attr whose blocks answered ``outcomes``
+        (from :meth:`execute_block_async`, in the order of ``blocks_of``)."""
+        reply = self._other_reply(command, self._blocks_of(command.env_ids), outcomes)
+        reply.busy = self.take_busy()
+        return reply
+
+    def blocks_of(self, env_ids: list[int]) -> list[tuple[int, Sequence[int]]]:
+        """``(first row, positions in env_ids of its rows)`` per block, in block order."""
+        return self._blocks_of(env_ids)
+
     def _blocks_of(self, env_ids: list[int]) -> list[tuple[int, Sequence[int]]]:
         """``(first row, positions in env_ids of its rows)`` per block, in block order."""
         if env_ids is self.group:
@@ -253,21 +292,25 @@ class BlockHost:
             positions.setdefault(env_id - env_id % size, []).append(position)
         return sorted(positions.items())
 
-    def _step_blocks(self, command: Step, blocks: list[tuple[int, Sequence[int]]]) -> Reply:
+    def _step_blocks(
+        self,
+        command: Step,
+        blocks: list[tuple[int, Sequence[int]]],
+        outcomes: list[BlockOutcome] | None = None,
+    ) -> Reply:
+        """The reply to ``command`` for ``blocks`` (stepped here, or already stepped:
+        their ``outcomes``)."""
         size = self.envs_per_block
         infos: list[Any] | None = None  # built once a block has an info
         errors: list[ErrorInfo] = []
         progressed = False
-        failure: ErrorInfo | None
         for index, (first_row, positions) in enumerate(blocks):
-            if len(positions) != size:
-                error = ValueError(
-                    f"a step must address whole blocks: rows {first_row}..{first_row + size - 1}"
-                    f" form one batched env, but {len(positions)} of them were sent"
-                )
-                block_infos, failure, stepped = None, self._error(first_row, "step", error), False
+            if outcomes is not None:
+                block_infos, failure, stepped = outcomes[index]
             else:
-                block_infos, failure, stepped = self._step_block(first_row, command, positions)
+                block_infos, failure, stepped = self._drive_block(
+                    first_row, self._step_flow(first_row, command, positions)
+                )
             if block_infos is not None:
                 if infos is None:
                     infos = [None] * (index * size)
@@ -290,28 +333,40 @@ class BlockHost:
             progressed=progressed,
         )
 
-    def _step_block(
-        self, first_row: int, command: Step, positions: Sequence[int]
-    ) -> tuple[list[Any] | None, ErrorInfo | None, bool]:
-        """``(per-row infos or None, error, whether a real step happened)`` for one block."""
+    # Every operation on a block is a *flow* (see aiovec._host): a generator that yields
+    # requests (functions of the block) and receives their results. ``_drive_block``
+    # runs it here; ``execute_block_async`` awaits what async batched envs return. One
+    # implementation of stepping, autoreset after restarts, and restarts for both.
+
+    def _drive_block(self, first_row: int, flow: Flow) -> Any:
+        return drive(flow, partial(self.envs.__getitem__, first_row))
+
+    def _step_flow(self, first_row: int, command: Step, positions: Sequence[int]) -> Flow:
+        """Step one block; returns its :data:`BlockOutcome`."""
         size = self.envs_per_block
+        if len(positions) != size:
+            error = ValueError(
+                f"a step must address whole blocks: rows {first_row}..{first_row + size - 1}"
+                f" form one batched env, but {len(positions)} of them were sent"
+            )
+            return None, self._error(first_row, "step", error), False
         reason = self._restart_notices.pop(first_row, None)
         try:
             if reason is not None:  # the worker was rebuilt: answer with the fresh block
-                return self._restarted(first_row, reason), None, False
+                return (yield from self._restarted_flow(first_row, reason)), None, False
             if first_row in self._owes_reset:
                 self._owes_reset.discard(first_row)
-                observations, info = self.envs[first_row].reset()
+                observations, info = _synchronous((yield _RESET), "reset")
                 self._write(first_row, observations, 0.0, False, False)
                 return split_infos(info, size), None, False
             actions = self._block_actions(first_row, command, positions)
-            result = self.envs[first_row].step(actions)
+            result = _synchronous((yield methodcaller("step", actions)), "step")
             observations, rewards, terminations, truncations, info = result
             self._write(first_row, observations, rewards, terminations, truncations)
             self._failures_in_a_row[first_row] = 0
             return split_infos(info, size), None, True
         except Exception as exc:
-            return self._recover(first_row, exc)
+            return (yield from self._recover_flow(first_row, exc))
 
     def _block_actions(self, first_row: int, command: Step, positions: Sequence[int]) -> Any:
         """The block's batch of actions, in row order: a private copy (a block may keep
@@ -364,24 +419,26 @@ class BlockHost:
                 f"single_observation_space batched {size} times: {exc}"
             ) from None
 
-    def _recover(
-        self, first_row: int, exc: Exception
-    ) -> tuple[list[Any] | None, ErrorInfo | None, bool]:
+    def _recover_flow(self, first_row: int, exc: Exception) -> Flow:
         """Rebuild and reset the block after ``exc`` (restart policy), or report ``exc``."""
         self._failures_in_a_row[first_row] += 1
         while self._failures_in_a_row[first_row] <= self._max_restarts:
-            _close_quietly(self.envs[first_row])
             try:
-                block = _checked_block(self._block_fns[first_row](), self.envs_per_block)
-                self.envs[first_row] = block
-                return self._restarted(first_row, f"{type(exc).__qualname__}: {exc}"), None, False
+                yield _CLOSE
+            except Exception:
+                pass  # a broken block may fail to close too
+            try:
+                block = self._block_fns[first_row]()
+                self.envs[first_row] = _checked_block(block, self.envs_per_block)
+                reason = f"{type(exc).__qualname__}: {exc}"
+                return (yield from self._restarted_flow(first_row, reason)), None, False
             except Exception as failure:  # rebuilding failed too: that counts as a failure
                 exc = failure
                 self._failures_in_a_row[first_row] += 1
         return None, self._error(first_row, "step", exc), False
 
-    def _restarted(self, first_row: int, reason: str) -> list[Any]:
-        observations, info = self.envs[first_row].reset()
+    def _restarted_flow(self, first_row: int, reason: str) -> Flow:
+        observations, info = _synchronous((yield _RESET), "reset")
         self._write(first_row, observations, 0.0, False, True)
         if self._next_step:
             self._owes_reset.add(first_row)
@@ -392,43 +449,60 @@ class BlockHost:
         return block_error(first_row, self.envs_per_block, operation, exc)
 
     def _execute_other(self, command: EnvCommand) -> Reply:
+        blocks = self._blocks_of(command.env_ids)
+        outcomes = []
+        for first_row, positions in blocks:
+            try:
+                flow = self._other_flow(first_row, command, positions)
+                outcome = self._drive_block(first_row, flow)
+            except Exception as exc:
+                outcome = exc
+            outcomes.append(outcome)
+        return self._other_reply(command, blocks, outcomes)
+
+    def _other_flow(self, first_row: int, command: EnvCommand, positions: Sequence[int]) -> Flow:
+        """Reset, call or set_attr on one block (its rows at ``positions`` of
+        ``command``): per-row infos (reset) or values (call), indexed by offset in the
+        block; raises what the block raised."""
+        if isinstance(command, Reset):
+            return (yield from self._reset_flow(first_row, command, positions))
+        if isinstance(command, Call):
+            return (yield from self._call_flow(first_row, command))
+        if isinstance(command, SetAttr):
+            self._set_attr_block(first_row, command, positions)
+            return None
+        raise TypeError(f"unexpected command {command!r}")
+
+    def _other_reply(
+        self,
+        command: EnvCommand,
+        blocks: list[tuple[int, Sequence[int]]],
+        outcomes: list[Any],
+    ) -> Reply:
+        """The reply to a reset, call or set_attr, in ``command``'s env order, from each
+        block's outcome (per-row results, or the exception it raised)."""
         env_ids = command.env_ids
         results: list[Any] = [None] * len(env_ids)
-        infos: list[Any] = [None] * len(env_ids)
         errors: list[ErrorInfo] = []
-        name = {Reset: "reset", SetAttr: "set_attr", Call: "call"}.get(type(command), "?")
-        for first_row, positions in self._blocks_of(env_ids):
-            try:
-                if isinstance(command, Reset):
-                    row_infos = self._reset_block(first_row, command, positions)
-                    if row_infos is not None:
-                        for position in positions:
-                            infos[position] = row_infos[env_ids[position] - first_row]
-                elif isinstance(command, Call):
-                    values = self._call_block(first_row, command)
-                    for position in positions:
-                        results[position] = values[env_ids[position] - first_row]
-                elif isinstance(command, SetAttr):
-                    self._set_attr_block(first_row, command, positions)
-                else:
-                    raise TypeError(f"unexpected command {command!r}")
-            except Exception as exc:
-                if isinstance(command, Call):
-                    name = command.name
-                errors.append(self._error(first_row, name, exc))
+        name = command.name if isinstance(command, (Call, SetAttr)) else "reset"
+        for (first_row, positions), outcome in zip(blocks, outcomes):
+            if isinstance(outcome, Exception):
+                operation = "set_attr" if isinstance(command, SetAttr) else name
+                errors.append(self._error(first_row, operation, outcome))
+            elif outcome is not None:
+                for position in positions:
+                    results[position] = outcome[env_ids[position] - first_row]
         is_reset = isinstance(command, Reset)
         return Reply(
             seq=command.seq,
             env_ids=env_ids,
-            infos=infos if is_reset and any(infos) else None,
+            infos=results if is_reset and any(results) else None,
             values=results if isinstance(command, Call) else None,
             observations=self._observations_of(env_ids) if is_reset else None,
             errors=errors or None,
         )
 
-    def _reset_block(
-        self, first_row: int, command: Reset, positions: Sequence[int]
-    ) -> list[Any] | None:
+    def _reset_flow(self, first_row: int, command: Reset, positions: Sequence[int]) -> Flow:
         """Reset the block's rows at ``positions`` of ``command``: all of them, or (a
         partial reset) those in ``options["reset_mask"]``, which the block must support."""
         size = self.envs_per_block
@@ -457,7 +531,8 @@ class BlockHost:
             mask = np.zeros(size, dtype=np.bool_)
             mask[offsets] = True
             options = {**(options or {}), "reset_mask": mask}
-        observations, info = self.envs[first_row].reset(seed=seed, options=options)
+        request = methodcaller("reset", seed=seed, options=options)
+        observations, info = _synchronous((yield request), "reset")
         rows = slice(first_row, first_row + size)
         self._write_observations(first_row, observations, mask)
         if whole:
@@ -471,16 +546,20 @@ class BlockHost:
                 self.buffers.truncations[first_row + offset] = False
         return split_infos(info, size)
 
-    def _call_block(self, first_row: int, command: Call) -> list[Any]:
+    def _call_flow(self, first_row: int, command: Call) -> Flow:
         """One call on the block; each row gets its result, except for a per-env
         sequence of results (a vector env's ``render``, ``call``), which is split."""
-        block = self.envs[first_row]
         args, kwargs = command.args or (), command.kwargs or {}
         if command.function is not None:
-            value = command.function(block, *args, **kwargs)
+            function = command.function
+            value = yield lambda block: function(block, *args, **kwargs)
         else:
-            attribute = getattr(block, command.name)
-            value = attribute(*args, **kwargs) if callable(attribute) else attribute
+
+            def call(block: Any) -> Any:
+                attribute = getattr(block, command.name)
+                return attribute(*args, **kwargs) if callable(attribute) else attribute
+
+            value = yield call
         per_env = command.name in _PER_ENV_CALLS and isinstance(value, (list, tuple, np.ndarray))
         if per_env and len(value) == self.envs_per_block:  # e.g. frames, one per env
             return list(value)
@@ -557,6 +636,26 @@ def stack_actions(space: spaces.Space[Any], values: list[Any]) -> Any:
             stack_actions(sub, [v[index] for v in values]) for index, sub in enumerate(space)
         )
     return batch_values(space, values)
+
+
+#: What stepping one block gives: its per-row infos (or None), its error, and whether a
+#: real step happened (not only a reset after a restart).
+BlockOutcome = tuple[list[Any] | None, ErrorInfo | None, bool]
+
+_RESET = methodcaller("reset")
+_CLOSE = methodcaller("close")
+
+
+def _synchronous(result: Any, method: str) -> Any:
+    """``result``, unless it is an awaitable a blocking caller got from an async
+    batched env: then a clear error (the coroutine backend awaits them)."""
+    if inspect.isawaitable(result):
+        getattr(result, "close", lambda: None)()  # never run: discard quietly
+        raise TypeError(
+            f"this batched env's {method}() is async (it returned {type(result).__name__}); "
+            "async batched envs run on backend='coroutine'"
+        )
+    return result
 
 
 def _check_batch(buffer: Any, batch: Any, size: int) -> None:

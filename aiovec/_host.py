@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
+from functools import partial
 from operator import methodcaller
 from time import perf_counter
 from typing import Any, NamedTuple, cast
@@ -390,35 +391,11 @@ class EnvHost:
         return [self._observations.get(env_id) for env_id in env_ids]
 
     def _drive(self, env_id: int, flow: Flow) -> Any:
-        try:
-            request = next(flow)
-            while True:
-                try:
-                    result = request(self.envs[env_id])
-                except Exception as exc:
-                    request = flow.throw(exc)
-                else:
-                    request = flow.send(result)
-        except StopIteration as finished:
-            return finished.value
+        return drive(flow, partial(self.envs.__getitem__, env_id))
 
     async def _drive_async(self, env_id: int, flow: Flow) -> Any:
-        try:
-            request = next(flow)
-            while True:
-                try:
-                    if self.threads is None:
-                        result = request(self.envs[env_id])
-                    else:
-                        result = await self.threads.run(env_id, request, self.envs[env_id])
-                    if inspect.isawaitable(result):
-                        result = await result
-                except Exception as exc:
-                    request = flow.throw(exc)
-                else:
-                    request = flow.send(result)
-        except StopIteration as finished:
-            return finished.value
+        run = None if self.threads is None else partial(self.threads.run, env_id)
+        return await drive_async(flow, partial(self.envs.__getitem__, env_id), run)
 
     def _flow(self, command: EnvCommand, position: int) -> tuple[str, Flow]:
         """``(operation name, flow)`` for the env at ``position`` of ``command`` (any
@@ -577,6 +554,46 @@ class StepOutcome(NamedTuple):
     error: ErrorInfo | None
     #: A real step went through (not only a reset after a restart or episode end).
     progressed: bool
+
+
+def drive(flow: Flow, target: Callable[[], Any]) -> Any:
+    """Run ``flow`` to its end: each request is called on ``target()`` (looked up anew
+    each time, as a flow may rebuild its env), its result sent back, its exception
+    thrown in; returns what the flow returns."""
+    try:
+        request = next(flow)
+        while True:
+            try:
+                result = request(target())
+            except Exception as exc:
+                request = flow.throw(exc)
+            else:
+                request = flow.send(result)
+    except StopIteration as finished:
+        return finished.value
+
+
+async def drive_async(
+    flow: Flow,
+    target: Callable[[], Any],
+    run: Callable[[Callable[[Any], Any], Any], Awaitable[Any]] | None = None,
+) -> Any:
+    """:func:`drive` for envs whose methods may return awaitables (awaited here), or,
+    with ``run``, blocking envs whose requests ``run(request, env)`` awaits elsewhere
+    (a thread)."""
+    try:
+        request = next(flow)
+        while True:
+            try:
+                result = request(target()) if run is None else await run(request, target())
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:
+                request = flow.throw(exc)
+            else:
+                request = flow.send(result)
+    except StopIteration as finished:
+        return finished.value
 
 
 _RESET = methodcaller("reset")

@@ -185,17 +185,17 @@ def _make_batched(
             for kwargs in per_block
         ]
 
-    if envs_per_block is None:
-        if backend == "auto":
-            isolate = options.get("on_failure") == "restart" or "step_timeout" in options
-            layout = choose_block_layout(lambda size: factories(size)[0], num_envs, isolate)
-            envs_per_block = layout.pop("envs_per_block")
-            for key, value in layout.items():
-                if key == "backend":
-                    backend = value
-                else:
-                    options.setdefault(key, value)
-        elif backend == "process" and options.get("inline_envs"):
+    if backend == "auto":
+        isolate = options.get("on_failure") == "restart" or "step_timeout" in options
+        layout = choose_block_layout(
+            lambda size: factories(size)[0], num_envs, isolate, envs_per_block
+        )
+        envs_per_block = layout.pop("envs_per_block")
+        backend = layout.pop("backend")
+        for key, value in layout.items():
+            options.setdefault(key, value)
+    elif envs_per_block is None:
+        if backend == "process" and options.get("inline_envs"):
             envs_per_block = options["inline_envs"]  # one block stepped in this process
         elif backend == "process":
             workers = options.get("num_workers") or os.cpu_count() or 1
@@ -203,8 +203,6 @@ def _make_batched(
             envs_per_block = num_envs // blocks
         else:
             envs_per_block = num_envs
-    elif backend == "auto":
-        backend = "inline" if envs_per_block == num_envs else "process"
     return VecEnv(
         factories(envs_per_block), backend=backend, envs_per_block=envs_per_block, **options
     )

@@ -216,7 +216,8 @@ class VecEnv(VectorEnv):
         envs_per_block: batched envs. With ``envs_per_block=k`` each of ``env_fns``
             returns a ``gymnasium.vector.VectorEnv`` of ``k`` envs (a *block*, stepped in
             one call), and the vector env has ``len(env_fns) * k`` rows; block ``b`` is
-            rows ``b*k .. b*k+k-1``. Process, inline and Ray backends. A worker hosts whole
+            rows ``b*k .. b*k+k-1``. Every backend (async batched envs, whose ``step``
+            and ``reset`` are coroutines, on ``"coroutine"``). A worker hosts whole
             blocks; ``send`` takes whole blocks, ``recv`` returns whole blocks
             (``max_envs`` rounds down to a multiple of ``k``, at least one block);
             ``call``/``get_attr`` run once per block (each row gets the result, a
@@ -305,10 +306,10 @@ class VecEnv(VectorEnv):
                 num_workers = limit if num_workers is None else min(num_workers, limit)
                 concurrent_envs, inline_envs = False, 0
         self.max_concurrency = max_concurrency
-        if batched and backend not in ("auto", "process", "inline", "ray"):
+        if batched and step_timeout is not None and backend == "coroutine":
             raise ValueError(
-                f"batched envs (envs_per_block) run on the 'process', 'inline' and "
-                f"'ray' backends, got backend={backend!r}"
+                "step_timeout is not enforced for async batched envs (envs_per_block on "
+                "backend='coroutine'); leave it out, or use the process backend"
             )
         if backend == "auto" and batched:
             backend = "process"  # aiovec.make chooses the layout of batched envs
@@ -347,7 +348,11 @@ class VecEnv(VectorEnv):
             from aiovec.backends.coroutine import CoroutineBackend
 
             self._backend = CoroutineBackend(
-                env_fns, self.autoreset_mode, restarts, step_timeout=step_timeout
+                env_fns,
+                self.autoreset_mode,
+                restarts,
+                step_timeout=step_timeout,
+                envs_per_block=self.envs_per_block,
             )
         elif backend == "ray":
             from aiovec.backends.ray import RayBackend

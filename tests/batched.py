@@ -4,6 +4,7 @@ injectable slowness, exceptions and crashes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -128,3 +129,25 @@ def _row(observations: Any, row: int) -> Any:
 def point_masses(num_envs: int, **kwargs: Any) -> PointMassVectorEnv:
     """The factory form ``aiovec.make`` calls: ``factory(num_envs=k, **env_kwargs)``."""
     return PointMassVectorEnv(num_envs, **kwargs)
+
+
+class AsyncPointMassVectorEnv(PointMassVectorEnv):
+    """The same point masses as an async batched env: ``reset`` and ``step`` are
+    coroutines, each step awaiting ``await_time`` seconds (a simulator over a socket,
+    a model on an accelerator queue)."""
+
+    def __init__(self, num_envs: int = 1, await_time: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(num_envs, **kwargs)
+        self.await_time = await_time
+
+    async def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
+        await asyncio.sleep(0)
+        return super().reset(seed=seed, options=options)
+
+    async def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        await asyncio.sleep(self.await_time)
+        return super().step(actions)
+
+
+def async_point_masses(num_envs: int, **kwargs: Any) -> AsyncPointMassVectorEnv:
+    return AsyncPointMassVectorEnv(num_envs, **kwargs)

@@ -330,8 +330,11 @@ def test_bad_batched_env_arguments_get_clear_errors():
         aiovec.make(lambda num_envs: PointMassVectorEnv(3), 4, envs_per_block=2, backend="inline")
     with pytest.raises(ValueError, match="autoreset in AutoresetMode.NEXT_STEP mode"):
         aiovec.make(point_masses, 4, envs_per_block=2, backend="inline", autoreset_mode="SameStep")
-    with pytest.raises(ValueError, match="'process', 'inline' and 'ray' backends"):
-        aiovec.VecEnv([partial(PointMassVectorEnv, 2)], envs_per_block=2, backend="coroutine")
+    with aiovec.VecEnv(
+        [partial(PointMassVectorEnv, 2)], envs_per_block=2, backend="coroutine"
+    ) as venv:  # blocking batched envs on the loop work too (stepped on its thread)
+        venv.reset(seed=0)
+        venv.step(np.zeros((2, 1), np.float32))
 
 
 def test_auto_picks_a_layout_of_whole_blocks():
@@ -503,3 +506,57 @@ def test_render_as_one_array_is_split_per_env():
         venv.reset(seed=0)
         frames = venv.render()
         assert len(frames) == 4 and frames[3].shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_async_batched_envs_on_the_coroutine_backend_match_the_sync_ones(mode):
+    from tests.batched import async_point_masses
+
+    k = 3
+    references = [PointMassVectorEnv(k, mode) for _ in range(2)]
+    with aiovec.make(
+        async_point_masses, 2 * k, envs_per_block=k, env_kwargs={"autoreset_mode": mode}
+    ) as venv:
+        assert venv.backend == "coroutine"  # auto: async batched envs run as coroutines
+        run_parity(
+            venv, references, k, 60, 3, lambda rng, n: rng.uniform(-1, 1, (n, 1)).astype(np.float32)
+        )
+        assert venv.get_attr("gain") == (1.0,) * 6
+
+
+def test_async_blocks_answer_first_ready_and_fail_and_restart_alone():
+    from tests.batched import async_point_masses
+
+    with aiovec.make(
+        async_point_masses,
+        6,
+        envs_per_block=2,
+        backend="coroutine",
+        on_failure="restart",
+        env_kwargs=[{"await_time": 0.3}, {}, {"fail_at": 2}],
+    ) as venv:
+
+        async def main():
+            await venv.areset(seed=0)
+            actions = np.zeros((6, 1), np.float32)
+            venv.send(actions)
+            first = await venv.recv(min_envs=4)  # the awaiting block comes last
+            assert sorted(first.env_ids.tolist()) == [2, 3, 4, 5]
+            venv.send(actions[:4], env_ids=first.env_ids)
+            second = await venv.recv(min_envs=4)
+            by_row = dict(zip(second.env_ids.tolist(), second.truncations.tolist()))
+            assert by_row[4] and by_row[5] and "restarted" in second.infos  # block 2 rebuilt
+            assert sorted((await venv.recv()).env_ids.tolist()) == [0, 1]
+
+        aiovec.run(main())
+        assert venv.restart_counts.tolist() == [0, 0, 0, 0, 1, 1]
+
+
+def test_async_batched_envs_elsewhere_get_a_clear_error():
+    from tests.batched import async_point_masses
+
+    venv = aiovec.make(async_point_masses, 4, envs_per_block=2, backend="inline")
+    with venv, pytest.raises(aiovec.EnvError, match="async batched envs run on backend='coro"):
+        venv.reset(seed=0)
+    with pytest.raises(ValueError, match="step_timeout is not enforced"):
+        aiovec.make(async_point_masses, 4, envs_per_block=2, backend="coroutine", step_timeout=1)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from gymnasium.vector import AutoresetMode
 
-from aiovec._async_server import AsyncEnvServer
-from aiovec._host import EnvHost
+from aiovec._async_server import AsyncBlockServer, AsyncEnvServer
+from aiovec._blocks import BlockHost
 from aiovec._loop import new_event_loop
 from aiovec._protocol import EnvCommand
 from aiovec.async_env import AsyncEnv
@@ -24,7 +24,7 @@ from aiovec.backends._base import LocalBackend, Wakeup, WorkerEvent
 
 
 class CoroutineBackend(LocalBackend):
-    """Hosts async envs as tasks of one event loop, in one group."""
+    """Hosts async envs (or async batched envs) as tasks of one event loop, in one group."""
 
     enforces_step_timeout = True
 
@@ -34,14 +34,19 @@ class CoroutineBackend(LocalBackend):
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
         step_timeout: float | None = None,
+        envs_per_block: int | None = None,
     ) -> None:
-        super().__init__(env_fns, autoreset_mode, max_restarts)
-        self.groups = [list(range(len(self.descriptions)))]
-        self._server = AsyncEnvServer(
-            cast(EnvHost, self._host),  # no envs_per_block here: single envs, an EnvHost
-            emit=lambda reply: self._deliver((0, reply)),
-            step_timeout=step_timeout,
-        )
+        super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block)
+        self.groups = [self._host.group]
+        self._server: AsyncEnvServer | AsyncBlockServer
+        if isinstance(self._host, BlockHost):  # async batched envs: a task per block
+            self._server = AsyncBlockServer(
+                self._host, emit=lambda reply: self._deliver((0, reply))
+            )
+        else:
+            self._server = AsyncEnvServer(
+                self._host, emit=lambda reply: self._deliver((0, reply)), step_timeout=step_timeout
+            )
         self._inbox: list[WorkerEvent] = []
         self._wakeup = Wakeup()
         self._private_loop: asyncio.AbstractEventLoop | None = None
