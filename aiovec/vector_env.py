@@ -3,6 +3,10 @@
 The async methods (:meth:`VecEnv.areset`, :meth:`VecEnv.astep`, :meth:`VecEnv.send`,
 :meth:`VecEnv.recv`) are the implementation; the synchronous Gymnasium API drives the
 same coroutines with waits that block in the kernel instead of awaiting a loop.
+
+This module owns the public API and result assembly (batches, infos, errors raised
+once). It reaches envs only through the scheduler (never a backend's internals), and
+its argument checks live in :mod:`aiovec._checks`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,18 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from aiovec._auto import choose_backend
+from aiovec._checks import (
+    block_autoreset_mode,
+    brief,
+    check_max_envs,
+    check_name,
+    check_whole_blocks,
+    env_seeds,
+    is_int,
+    refuse_custom_worker,
+    reset_mask_ids,
+    resolve_env_ids,
+)
 from aiovec._host import EnvDescription
 from aiovec._infos import add_info, batch_infos
 from aiovec._loop import check_blocking_call
@@ -80,30 +96,6 @@ def _timed(method: _Method) -> _Method:
             scheduler.exit_call()
 
     return cast(_Method, timed)
-
-
-def refuse_custom_worker(worker: Callable[..., None]) -> None:
-    """Refuse ``AsyncVectorEnv``'s ``worker=``: aiovec's workers do not run Gymnasium's
-    pipe protocol. A function without Gymnasium's 8 parameters gets Gymnasium's own
-    complaint first, so code that checks for it still sees it."""
-    try:
-        signature = inspect.signature(worker)
-    except (TypeError, ValueError):
-        signature = None
-    fix = (
-        "aiovec's workers do not run Gymnasium's pipe protocol, so custom worker functions "
-        "cannot run in them: leave `worker` out (per-env behaviour belongs in the env or "
-        "a wrapper), or use gymnasium.vector.AsyncVectorEnv for this env"
-    )
-    if signature is not None:
-        try:
-            signature.bind(*(None,) * 8)
-        except TypeError as exc:
-            raise ValueError(
-                f"A custom `worker` must accept 8 arguments. Got the signature {signature}; "
-                f"besides, {fix}"
-            ) from exc
-    raise ValueError(f"worker={worker!r}: {fix}")
 
 
 class Batch(NamedTuple):
@@ -264,7 +256,7 @@ class VecEnv(VectorEnv):
         envs_per_block: int | None = None,
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
-        if envs_per_block is not None and (not _is_int(envs_per_block) or envs_per_block < 1):
+        if envs_per_block is not None and (not is_int(envs_per_block) or envs_per_block < 1):
             raise ValueError(
                 f"envs_per_block must be a positive int or None, got {envs_per_block!r}"
             )
@@ -389,7 +381,7 @@ class VecEnv(VectorEnv):
         self.inline_envs = {"process": inline_envs, "ray": 0}.get(backend, self.num_envs)
         try:
             if batched:
-                self.autoreset_mode = _block_autoreset_mode(
+                self.autoreset_mode = block_autoreset_mode(
                     self._backend.descriptions, requested_mode
                 )
             self._set_spaces(self._backend.descriptions)
@@ -543,7 +535,7 @@ class VecEnv(VectorEnv):
                 other results stay queued for the next ``recv``.
         """
         self._check_open("recv")
-        _check_max_envs(max_envs)
+        check_max_envs(max_envs)
         scheduler = self._scheduler
         queue = scheduler.ready_queue
         min_envs = max(min_envs, 1)
@@ -569,7 +561,7 @@ class VecEnv(VectorEnv):
     def recv_nowait(self, max_envs: int | None = None) -> Batch | None:
         """The results that are ready now (at most ``max_envs``), or ``None`` if none is."""
         self._check_open("recv")
-        _check_max_envs(max_envs)
+        check_max_envs(max_envs)
         self._scheduler.dispatch(self._backend.poll())
         if not self._scheduler.ready_queue:
             return None
@@ -708,7 +700,7 @@ class VecEnv(VectorEnv):
         options: Any,  # a dict, or one dict (or None) per env: told apart below
     ) -> list[Ticket]:
         self._check_open("reset")
-        seeds = _seeds(seed, self.num_envs)
+        seeds = env_seeds(seed, self.num_envs)
         env_ids = self._scheduler.all_env_ids
         per_env = isinstance(options, (list, tuple))
         if per_env:
@@ -720,7 +712,7 @@ class VecEnv(VectorEnv):
         elif options is not None:
             options = dict(options)  # never modify the caller's dict
             if "reset_mask" in options:
-                env_ids = _reset_mask_ids(options.pop("reset_mask"), self.num_envs)
+                env_ids = reset_mask_ids(options.pop("reset_mask"), self.num_envs)
                 if self.autoreset_mode is not AutoresetMode.DISABLED:
                     # Only DISABLED mode obliges a vector env to honour reset_mask.
                     self._check_whole_blocks(env_ids, "reset")
@@ -799,7 +791,7 @@ class VecEnv(VectorEnv):
     ) -> tuple[list[int], list[Ticket]]:
         self._check_open(f"call {name!r}")
         if function is None:
-            _check_name(name, "call")
+            check_name(name, "call")
         ids, _ = self._resolve_env_ids(env_ids)
         self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(
@@ -823,7 +815,7 @@ class VecEnv(VectorEnv):
         """Set attribute ``name`` on every env (or on ``env_ids``): ``values`` has one
         entry per env (a list or tuple), or is one value for all."""
         self._check_open(f"set_attr {name!r}")
-        _check_name(name, "set_attr")
+        check_name(name, "set_attr")
         ids, _ = self._resolve_env_ids(env_ids)
         if not isinstance(values, (list, tuple)):
             values = [values] * len(ids)
@@ -1125,151 +1117,20 @@ class VecEnv(VectorEnv):
             unread = [i for i in busy if state[i] != BUSY]
             detail = []
             if in_flight:
-                detail.append(f"envs {_brief(in_flight)} still have an action in flight")
+                detail.append(f"envs {brief(in_flight)} still have an action in flight")
             if unread:
-                detail.append(f"envs {_brief(unread)} have a result not yet taken by recv()")
+                detail.append(f"envs {brief(unread)} have a result not yet taken by recv()")
             raise EnvBusyError(
                 f"cannot {operation} these envs: {'; '.join(detail)}. "
                 "Collect their results with recv() (or recv_nowait()) first."
             )
 
     def _check_whole_blocks(self, env_ids: list[int], operation: str) -> None:
-        """Raise ValueError unless ``env_ids`` covers every row of each batched env it
-        touches (no-op for single envs)."""
-        size = self.envs_per_block
-        if size is None or size == 1:  # single envs, or blocks that are always whole
-            return
-        counts: dict[int, int] = {}
-        for env_id in env_ids:
-            counts[env_id // size] = counts.get(env_id // size, 0) + 1
-        partial = [block for block, count in counts.items() if count != size]
-        if partial:
-            block = min(partial)
-            raise ValueError(
-                f"cannot {operation} part of a batched env: envs {block * size}.."
-                f"{block * size + size - 1} form one block (envs_per_block={size}) and step, "
-                "reset and change together; address whole blocks (e.g. env_ids from "
-                "recv(), which returns whole blocks)"
-            )
+        check_whole_blocks(env_ids, self.envs_per_block, operation)
 
     def _resolve_env_ids(self, env_ids: Any) -> tuple[list[int], Any]:
         """``(env_ids as a list, the matching row index for buffers)``."""
         if env_ids is None:
             return self._scheduler.all_env_ids, slice(None)
-        if isinstance(env_ids, np.ndarray):
-            if env_ids.ndim != 1 or (env_ids.size and env_ids.dtype.kind not in "iu"):
-                raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
-            ids = env_ids.tolist()
-        else:
-            ids = list(env_ids)
-            if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
-                raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
-            ids = [int(i) for i in ids]
-        if not ids:
-            raise ValueError("env_ids is empty: send at least one env id")
-        if min(ids) < 0 or max(ids) >= self.num_envs:
-            outside = [i for i in ids if not 0 <= i < self.num_envs]
-            raise ValueError(f"env_ids {_brief(outside)} are outside 0..{self.num_envs - 1}")
-        if len(set(ids)) != len(ids):
-            duplicates = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"env_ids contain duplicates: {_brief(duplicates)}")
+        ids = resolve_env_ids(env_ids, self.num_envs)
         return ids, ids
-
-
-def _block_autoreset_mode(
-    descriptions: list[EnvDescription], requested: AutoresetMode | None
-) -> AutoresetMode:
-    """The autoreset mode of batched envs (they autoreset themselves): their own, which
-    ``requested`` (the caller's ``autoreset_mode``, if any) must equal."""
-    modes = [
-        AutoresetMode(d.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
-        for d in descriptions
-    ]
-    mode = modes[0]
-    for env_index, other in enumerate(modes):
-        if other is not mode:
-            raise ValueError(
-                f"the batched envs autoreset in different modes ({mode} for env 0, {other} "
-                f"for env {env_index}): one vector env has one autoreset mode, so build "
-                "every block with the same one"
-            )
-    if requested is not None and requested is not mode:
-        raise ValueError(
-            f"autoreset_mode={requested} but the batched envs autoreset in {mode} mode "
-            "(their metadata['autoreset_mode']): a batched env resets itself, so leave "
-            "autoreset_mode out or build batched envs with the mode you want"
-        )
-    return mode
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _seeds(seed: Any, num_envs: int) -> list[int | None]:
-    """One seed (a Python int, or None) per env, from what ``reset(seed=...)`` accepts:
-    ``None``, a non-negative int (env ``i`` gets ``seed + i``), or one int or ``None`` per
-    env (numpy integers count as ints)."""
-    if seed is None:
-        return [None] * num_envs
-    if _is_int(seed):
-        if not 0 <= seed < 2**64 - num_envs:
-            raise ValueError(f"seed must be a non-negative int below 2**64, got {seed!r}")
-        return [int(seed) + i for i in range(num_envs)]
-    if isinstance(seed, (str, bytes, dict)) or not hasattr(seed, "__len__"):
-        raise TypeError(
-            f"seed must be None, a non-negative int, or a list of {num_envs} such seeds "
-            f"(one per env), got {seed!r}"
-        )
-    seeds = list(seed)
-    if len(seeds) != num_envs:
-        raise ValueError(
-            f"If seeds are passed as a list the length must match num_envs={num_envs} "
-            f"but got length={len(seeds)}."
-        )
-    for index, item in enumerate(seeds):
-        if item is not None and not (_is_int(item) and 0 <= item < 2**64):
-            raise TypeError(
-                f"seed[{index}] is {item!r}: each seed must be None or a non-negative int "
-                "below 2**64"
-            )
-    return [None if item is None else int(item) for item in seeds]
-
-
-def _check_name(name: Any, operation: str) -> None:
-    if not isinstance(name, str):
-        raise TypeError(
-            f"{operation}() needs the name of an env attribute or method as a str, "
-            f"got {name!r}; use apply(function) to run a function on each env"
-        )
-
-
-def _check_max_envs(max_envs: int | None) -> None:
-    if max_envs is not None and (isinstance(max_envs, bool) or not max_envs >= 1):
-        raise ValueError(f"max_envs must be a positive number of envs (or None), got {max_envs!r}")
-
-
-def _brief(env_ids: list[int], shown: int = 10) -> str:
-    """``env_ids`` for a message: all of them, or the first few and how many in all."""
-    if len(env_ids) <= shown:
-        return str(env_ids)
-    return f"[{', '.join(map(str, env_ids[:shown]))}, ... ({len(env_ids)} in all)]"
-
-
-def _reset_mask_ids(reset_mask: Any, num_envs: int) -> list[int]:
-    if not isinstance(reset_mask, np.ndarray):
-        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(reset_mask)}")
-    if reset_mask.shape != (num_envs,):
-        raise ValueError(
-            f"`options['reset_mask']` must have shape `({num_envs},)`, got {reset_mask.shape}"
-        )
-    if reset_mask.dtype != np.bool_:
-        raise TypeError(
-            f"`options['reset_mask']` must have `dtype=np.bool_`, got {reset_mask.dtype}"
-        )
-    if not reset_mask.any():
-        raise ValueError(
-            "`options['reset_mask']` must contain a boolean array with at least one True value, "
-            f"got reset_mask={reset_mask}"
-        )
-    return np.flatnonzero(reset_mask).tolist()

@@ -1,0 +1,180 @@
+"""Argument checks of the vector env's public calls: pure functions that raise an
+error naming the problem and the fix before any state changes. They read nothing but
+their arguments, and change nothing."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from aiovec._host import EnvDescription
+
+
+def refuse_custom_worker(worker: Callable[..., None]) -> None:
+    """Refuse ``AsyncVectorEnv``'s ``worker=``: aiovec's workers do not run Gymnasium's
+    pipe protocol. A function without Gymnasium's 8 parameters gets Gymnasium's own
+    complaint first, so code that checks for it still sees it."""
+    try:
+        signature = inspect.signature(worker)
+    except (TypeError, ValueError):
+        signature = None
+    fix = (
+        "aiovec's workers do not run Gymnasium's pipe protocol, so custom worker functions "
+        "cannot run in them: leave `worker` out (per-env behaviour belongs in the env or "
+        "a wrapper), or use gymnasium.vector.AsyncVectorEnv for this env"
+    )
+    if signature is not None:
+        try:
+            signature.bind(*(None,) * 8)
+        except TypeError as exc:
+            raise ValueError(
+                f"A custom `worker` must accept 8 arguments. Got the signature {signature}; "
+                f"besides, {fix}"
+            ) from exc
+    raise ValueError(f"worker={worker!r}: {fix}")
+
+
+def check_whole_blocks(env_ids: list[int], size: int | None, operation: str) -> None:
+    """Raise ValueError unless ``env_ids`` covers every row of each batched env (of
+    ``size`` rows; ``None``: single envs, nothing to check) it touches."""
+    if size is None or size == 1:  # single envs, or blocks that are always whole
+        return
+    counts: dict[int, int] = {}
+    for env_id in env_ids:
+        counts[env_id // size] = counts.get(env_id // size, 0) + 1
+    partial = [block for block, count in counts.items() if count != size]
+    if partial:
+        block = min(partial)
+        raise ValueError(
+            f"cannot {operation} part of a batched env: envs {block * size}.."
+            f"{block * size + size - 1} form one block (envs_per_block={size}) and step, "
+            "reset and change together; address whole blocks (e.g. env_ids from "
+            "recv(), which returns whole blocks)"
+        )
+
+
+def resolve_env_ids(env_ids: Any, num_envs: int) -> list[int]:
+    """``env_ids`` (a sequence or 1-D array of ints) as a list of distinct Python ints
+    in ``0 .. num_envs - 1``, or a TypeError/ValueError naming what is wrong."""
+    ids: list[int]
+    if isinstance(env_ids, np.ndarray):
+        if env_ids.ndim != 1 or (env_ids.size and env_ids.dtype.kind not in "iu"):
+            raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
+        ids = env_ids.tolist()
+    else:
+        ids = list(env_ids)
+        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
+            raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
+        ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError("env_ids is empty: send at least one env id")
+    if min(ids) < 0 or max(ids) >= num_envs:
+        outside = [i for i in ids if not 0 <= i < num_envs]
+        raise ValueError(f"env_ids {brief(outside)} are outside 0..{num_envs - 1}")
+    if len(set(ids)) != len(ids):
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"env_ids contain duplicates: {brief(duplicates)}")
+    return ids
+
+
+def block_autoreset_mode(
+    descriptions: list[EnvDescription], requested: AutoresetMode | None
+) -> AutoresetMode:
+    """The autoreset mode of batched envs (they autoreset themselves): their own, which
+    ``requested`` (the caller's ``autoreset_mode``, if any) must equal."""
+    modes = [
+        AutoresetMode(d.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        for d in descriptions
+    ]
+    mode = modes[0]
+    for env_index, other in enumerate(modes):
+        if other is not mode:
+            raise ValueError(
+                f"the batched envs autoreset in different modes ({mode} for env 0, {other} "
+                f"for env {env_index}): one vector env has one autoreset mode, so build "
+                "every block with the same one"
+            )
+    if requested is not None and requested is not mode:
+        raise ValueError(
+            f"autoreset_mode={requested} but the batched envs autoreset in {mode} mode "
+            "(their metadata['autoreset_mode']): a batched env resets itself, so leave "
+            "autoreset_mode out or build batched envs with the mode you want"
+        )
+    return mode
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
+    """One seed (a Python int, or None) per env, from what ``reset(seed=...)`` accepts:
+    ``None``, a non-negative int (env ``i`` gets ``seed + i``), or one int or ``None`` per
+    env (numpy integers count as ints)."""
+    if seed is None:
+        return [None] * num_envs
+    if is_int(seed):
+        if not 0 <= seed < 2**64 - num_envs:
+            raise ValueError(f"seed must be a non-negative int below 2**64, got {seed!r}")
+        return [int(seed) + i for i in range(num_envs)]
+    if isinstance(seed, (str, bytes, dict)) or not hasattr(seed, "__len__"):
+        raise TypeError(
+            f"seed must be None, a non-negative int, or a list of {num_envs} such seeds "
+            f"(one per env), got {seed!r}"
+        )
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise ValueError(
+            f"If seeds are passed as a list the length must match num_envs={num_envs} "
+            f"but got length={len(seeds)}."
+        )
+    for index, item in enumerate(seeds):
+        if item is not None and not (is_int(item) and 0 <= item < 2**64):
+            raise TypeError(
+                f"seed[{index}] is {item!r}: each seed must be None or a non-negative int "
+                "below 2**64"
+            )
+    return [None if item is None else int(item) for item in seeds]
+
+
+def check_name(name: Any, operation: str) -> None:
+    if not isinstance(name, str):
+        raise TypeError(
+            f"{operation}() needs the name of an env attribute or method as a str, "
+            f"got {name!r}; use apply(function) to run a function on each env"
+        )
+
+
+def check_max_envs(max_envs: int | None) -> None:
+    if max_envs is not None and (isinstance(max_envs, bool) or not max_envs >= 1):
+        raise ValueError(f"max_envs must be a positive number of envs (or None), got {max_envs!r}")
+
+
+def brief(env_ids: list[int], shown: int = 10) -> str:
+    """``env_ids`` for a message: all of them, or the first few and how many in all."""
+    if len(env_ids) <= shown:
+        return str(env_ids)
+    return f"[{', '.join(map(str, env_ids[:shown]))}, ... ({len(env_ids)} in all)]"
+
+
+def reset_mask_ids(reset_mask: Any, num_envs: int) -> list[int]:
+    if not isinstance(reset_mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(reset_mask)}")
+    if reset_mask.shape != (num_envs,):
+        raise ValueError(
+            f"`options['reset_mask']` must have shape `({num_envs},)`, got {reset_mask.shape}"
+        )
+    if reset_mask.dtype != np.bool_:
+        raise TypeError(
+            f"`options['reset_mask']` must have `dtype=np.bool_`, got {reset_mask.dtype}"
+        )
+    if not reset_mask.any():
+        raise ValueError(
+            "`options['reset_mask']` must contain a boolean array with at least one True value, "
+            f"got reset_mask={reset_mask}"
+        )
+    return np.flatnonzero(reset_mask).tolist()
