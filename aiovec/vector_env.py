@@ -53,6 +53,7 @@ from aiovec._spaces import (
     write_rows,
 )
 from aiovec._stats import Stats
+from aiovec.backends import REGISTRY, Hosting, backend_options, build_backend
 from aiovec.backends._base import Backend
 from aiovec.errors import (
     ClosedError,
@@ -62,9 +63,6 @@ from aiovec.errors import (
     PendingCallError,
     WaitTimeoutError,
 )
-
-BACKENDS = ("process", "inline", "coroutine", "ray")
-
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 _T = TypeVar("_T")
@@ -313,8 +311,8 @@ class VecEnv(VectorEnv):
             if backend in ("process", "ray") and num_workers is None:  # the user's count wins
                 num_workers = chosen.get("num_workers")
                 inline_envs = chosen.get("inline_envs", inline_envs)
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {(*BACKENDS, 'auto')}, got {backend!r}")
+        if backend not in REGISTRY:
+            raise ValueError(f"backend must be one of {(*REGISTRY, 'auto')}, got {backend!r}")
         if on_failure not in ("raise", "restart"):
             raise ValueError(f"on_failure must be 'raise' or 'restart', got {on_failure!r}")
         if step_timeout is not None and (backend == "inline" or step_timeout <= 0):
@@ -330,50 +328,24 @@ class VecEnv(VectorEnv):
         self.close_timeout = close_timeout
         self._pending: tuple[str, Any] | None = None  # for the *_async/*_wait methods
 
-        if backend == "inline":
-            from aiovec.backends.inline import InlineBackend
-
-            self._backend: Backend = InlineBackend(
-                env_fns, self.autoreset_mode, restarts, envs_per_block=self.envs_per_block
-            )
-        elif backend == "coroutine":
-            from aiovec.backends.coroutine import CoroutineBackend
-
-            self._backend = CoroutineBackend(
-                env_fns,
-                self.autoreset_mode,
-                restarts,
-                step_timeout=step_timeout,
-                envs_per_block=self.envs_per_block,
-            )
-        elif backend == "ray":
-            from aiovec.backends.ray import RayBackend
-
-            self._backend = RayBackend(
-                env_fns,
-                self.autoreset_mode,
-                num_workers,
-                restarts,
-                ray_options,
-                step_timeout,
-                envs_per_block=self.envs_per_block,
-            )
-        else:
-            from aiovec.backends.process import ProcessBackend
-
-            self._backend = ProcessBackend(
-                env_fns,
-                self.autoreset_mode,
-                num_workers=num_workers,
-                context=context,
-                spin=spin,
-                inline_envs=inline_envs,
-                max_restarts=restarts,
-                step_timeout=step_timeout,
-                concurrent_envs=concurrent_envs,
-                startup_timeout=startup_timeout,
-                envs_per_block=self.envs_per_block,
-            )
+        hosting = Hosting(
+            env_fns,
+            self.autoreset_mode,
+            max_restarts=restarts,
+            envs_per_block=self.envs_per_block,
+            step_timeout=step_timeout,
+        )
+        options = backend_options(
+            backend,
+            num_workers=num_workers,
+            context=context,
+            spin=spin,
+            inline_envs=inline_envs,
+            concurrent_envs=concurrent_envs,
+            startup_timeout=startup_timeout,
+            ray_options=ray_options,
+        )
+        self._backend: Backend = build_backend(backend, hosting, options)
         self.backend = backend
         #: Worker processes (process backend) or actors (Ray); 0 when envs run here.
         self.num_workers = self._backend.num_workers
