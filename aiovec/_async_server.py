@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from aiovec._blocks import BlockHost
 from aiovec._host import EnvHost, StepOutcome, error_info
-from aiovec._protocol import EnvCommand, Reply, Step, merge_replies
+from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
 from aiovec.errors import StepTimeoutError
 
 #: Seconds a late async env has to act on its cancellation before it is abandoned.
@@ -120,6 +120,15 @@ class AsyncEnvServer:
                 await parked
         except asyncio.CancelledError:
             self._parked.pop(env_id, None)
+            if self.runners.get(env_id) is asyncio.current_task():  # not retired: the loop
+                for command, position in queue:  # is going away (asyncio.run returned)
+                    error = _lost(env_id, command)
+                    if type(command) is Step:
+                        self._emit(Reply(command.seq, [env_id], errors=[error], progressed=False))
+                    else:
+                        self._part_done(
+                            command, position, Reply(command.seq, [env_id], errors=[error])
+                        )
             queue.clear()
             raise
         finally:
@@ -319,6 +328,39 @@ class AsyncBlockServer:
                 if not remaining[0]:
                     del self._gathering[command.seq]
                     self._emit(self.host.other_reply(command, outcomes))
+        except asyncio.CancelledError:
+            if self.runners.get(first_row) is asyncio.current_task():  # not retired: the
+                for command, _ in queue:  # loop is going away: fail what it owed
+                    self._emit(self._lost_reply(first_row, command))
+            queue.clear()
+            raise
         finally:
             if self.runners.get(first_row) is asyncio.current_task():
                 del self.runners[first_row]
+
+    def _lost_reply(self, first_row: int, command: EnvCommand) -> Reply:
+        """The reply to ``command`` for a block whose loop stopped before it finished
+        (one error for the block; for another command, for all of its blocks)."""
+        size = self.host.envs_per_block
+        rows = list(range(first_row, first_row + size))
+        error = _lost(first_row, command)
+        error.env_ids = rows
+        if isinstance(command, Step):
+            return Reply(command.seq, rows, errors=[error], progressed=False)
+        self._gathering.pop(command.seq, None)
+        return Reply(command.seq, command.env_ids, errors=[error])
+
+
+def _lost(env_id: int, command: EnvCommand) -> ErrorInfo:
+    """The error of a command whose event loop stopped before it finished."""
+    operation = type(command).__name__.lower() if not isinstance(command, Call) else command.name
+    return ErrorInfo(
+        env_id,
+        operation,
+        "RuntimeError",
+        "the event loop running this async env stopped (e.g. asyncio.run() returned) "
+        "before the command finished, so its result is lost: send() and recv() must run "
+        "on one event loop (or use the synchronous API throughout)",
+        "",
+        exc_module="builtins",
+    )

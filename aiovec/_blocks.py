@@ -29,6 +29,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aiovec._buffers import Buffers
+from aiovec._checks import same_value
 from aiovec._host import (
     EnvBuildError,
     EnvDescription,
@@ -74,15 +75,24 @@ class BlockFactory:
 
 
 def build_blocks(
-    block_fns: dict[int, Callable[[], VectorEnv]], envs_per_block: int
+    block_fns: dict[int, Callable[[], VectorEnv]],
+    envs_per_block: int,
+    async_blocks: bool = False,
 ) -> dict[int, VectorEnv]:
     """Call each block factory (keyed by the block's first row); check that each returns
-    a ``VectorEnv`` of ``envs_per_block`` envs. On the first failure close what was
-    built and raise :class:`~aiovec._host.EnvBuildError`."""
+    a ``VectorEnv`` of ``envs_per_block`` envs (whose ``step`` is a coroutine function
+    only with ``async_blocks``: the hosts that await). On the first failure close what
+    was built and raise :class:`~aiovec._host.EnvBuildError`."""
     blocks: dict[int, VectorEnv] = {}
     for first_row, block_fn in block_fns.items():
         try:
-            blocks[first_row] = _checked_block(block_fn(), envs_per_block)
+            block = _checked_block(block_fn(), envs_per_block)
+            blocks[first_row] = block
+            if not async_blocks and inspect.iscoroutinefunction(block.step):
+                raise TypeError(
+                    f"{type(block).__name__}.step is a coroutine function (an async batched "
+                    "env); async batched envs run on backend='coroutine'"
+                )
         except Exception as exc:
             for built in blocks.values():
                 _close_quietly(built)
@@ -138,6 +148,7 @@ def build_host(
     autoreset_mode: AutoresetMode,
     max_restarts: int = 0,
     envs_per_block: int | None = None,
+    async_blocks: bool = False,
 ) -> tuple[EnvHost | BlockHost, list[EnvDescription]]:
     """A host for ``env_fns`` (keyed by env id; with ``envs_per_block``, block
     factories keyed by their block's first row) and the description of each env.
@@ -146,7 +157,7 @@ def build_host(
         EnvBuildError: a factory raised (or returned something else than it must).
     """
     if envs_per_block is not None:
-        blocks = build_blocks(env_fns, envs_per_block)
+        blocks = build_blocks(env_fns, envs_per_block, async_blocks)
         descriptions = [d for block in blocks.values() for d in describe_block(block)]
         host: EnvHost | BlockHost = BlockHost(
             blocks, envs_per_block, block_fns=env_fns, max_restarts=max_restarts
@@ -567,7 +578,7 @@ class BlockHost:
 
     def _set_attr_block(self, first_row: int, command: SetAttr, positions: Sequence[int]) -> None:
         values = [command.values[p] for p in positions]
-        if any(not _same(value, values[0]) for value in values[1:]):
+        if any(not same_value(value, values[0]) for value in values[1:]):
             raise ValueError(
                 f"set_attr({command.name!r}) gives envs of one batched env different "
                 "values; a batched env has one attribute per block: give its rows one value"
@@ -699,14 +710,3 @@ def _seed_list(size: int, offsets: list[int], seeds: list[Any]) -> list[Any]:
     for offset, seed in zip(offsets, seeds):
         full[offset] = seed
     return full
-
-
-def _same(value: Any, other: Any) -> bool:
-    if value is other:
-        return True
-    try:
-        if isinstance(value, np.ndarray):
-            return bool(np.array_equal(value, other))
-        return bool(value == other)
-    except Exception:
-        return False

@@ -57,6 +57,36 @@ def check_whole_blocks(env_ids: list[int], size: int | None, operation: str) -> 
         )
 
 
+def check_one_value_per_block(by_env: dict[int, Any], size: int | None, name: str) -> None:
+    """Raise ValueError if ``set_attr`` gives the rows of one batched env (of ``size``
+    rows) different values: a batched env has one attribute for all its rows."""
+    if size is None or size == 1:
+        return
+    firsts: dict[int, Any] = {}
+    for env_id, value in by_env.items():
+        block = env_id // size
+        if block not in firsts:
+            firsts[block] = value
+        elif not same_value(value, firsts[block]):
+            raise ValueError(
+                f"set_attr({name!r}) gives envs of one batched env (envs {block * size}.."
+                f"{block * size + size - 1}) different values; a batched env has one "
+                "attribute for all its rows: give each block one value"
+            )
+
+
+def same_value(value: Any, other: Any) -> bool:
+    """``value`` equals ``other`` (arrays element-wise); False when they cannot compare."""
+    if value is other:
+        return True
+    try:
+        if isinstance(value, np.ndarray) or isinstance(other, np.ndarray):
+            return bool(np.array_equal(value, other))
+        return bool(value == other)
+    except Exception:
+        return False
+
+
 def resolve_env_ids(env_ids: Any, num_envs: int) -> list[int]:
     """``env_ids`` (a sequence or 1-D array of ints) as a list of distinct Python ints
     in ``0 .. num_envs - 1``, or a TypeError/ValueError naming what is wrong."""

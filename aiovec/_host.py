@@ -8,6 +8,7 @@ normally.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import traceback
 from collections.abc import Awaitable, Callable, Generator
@@ -590,10 +591,25 @@ async def drive_async(
                     result = await result
             except Exception as exc:
                 request = flow.throw(exc)
+            except asyncio.CancelledError as exc:
+                if _being_cancelled():
+                    raise  # this task was cancelled (close, a timeout): not the env's doing
+                # The env's own code was cancelled (e.g. a transport cancelled a request):
+                # an error of that env, not a silently ended runner.
+                failure = RuntimeError(f"the env's coroutine was cancelled from inside: {exc!r}")
+                request = flow.throw(failure)
             else:
                 request = flow.send(result)
     except StopIteration as finished:
         return finished.value
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task has a cancellation request (Python >= 3.11; before,
+    every CancelledError counts as one)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or bool(cancelling())
 
 
 _RESET = methodcaller("reset")

@@ -22,12 +22,13 @@ from gymnasium import logger
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from aiovec._auto import choose_backend
+from aiovec._auto import choose_backend, choose_block_layout
 from aiovec._checks import (
     block_autoreset_mode,
     brief,
     check_max_envs,
     check_name,
+    check_one_value_per_block,
     check_whole_blocks,
     env_seeds,
     is_int,
@@ -296,13 +297,16 @@ class VecEnv(VectorEnv):
                 num_workers = limit if num_workers is None else min(num_workers, limit)
                 concurrent_envs, inline_envs = False, 0
         self.max_concurrency = max_concurrency
+        if backend == "auto" and batched:  # only the backend: the blocks are given
+            isolate = on_failure == "restart" or step_timeout is not None
+            backend = choose_block_layout(
+                lambda size: env_fns[0], len(env_fns) * block_size, isolate, block_size
+            )["backend"]
         if batched and step_timeout is not None and backend == "coroutine":
             raise ValueError(
                 "step_timeout is not enforced for async batched envs (envs_per_block on "
-                "backend='coroutine'); leave it out, or use the process backend"
+                "backend='coroutine', the only backend that awaits them): leave it out"
             )
-        if backend == "auto" and batched:
-            backend = "process"  # aiovec.make chooses the layout of batched envs
         if backend == "auto":
             # With restarts or step timeouts asked for, every env stays out of this process.
             isolate = on_failure == "restart" or step_timeout is not None
@@ -798,6 +802,7 @@ class VecEnv(VectorEnv):
             )
         self._check_whole_blocks(ids, f"set_attr {name!r} on")
         by_env = dict(zip(ids, values))
+        check_one_value_per_block(by_env, self.envs_per_block, name)
         self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(
             ids,

@@ -555,8 +555,65 @@ def test_async_blocks_answer_first_ready_and_fail_and_restart_alone():
 def test_async_batched_envs_elsewhere_get_a_clear_error():
     from tests.batched import async_point_masses
 
-    venv = aiovec.make(async_point_masses, 4, envs_per_block=2, backend="inline")
-    with venv, pytest.raises(aiovec.EnvError, match="async batched envs run on backend='coro"):
-        venv.reset(seed=0)
+    for backend in ("inline", "process"):  # refused when built, naming the backend to use
+        with pytest.raises(aiovec.EnvError, match="async batched envs run on backend='coro"):
+            aiovec.make(async_point_masses, 4, envs_per_block=2, backend=backend)
+    fns = [partial(async_point_masses, 2)] * 2
+    with aiovec.VecEnv(fns, envs_per_block=2, backend="auto") as venv:
+        assert venv.backend == "coroutine"  # VecEnv's auto finds them too
     with pytest.raises(ValueError, match="step_timeout is not enforced"):
         aiovec.make(async_point_masses, 4, envs_per_block=2, backend="coroutine", step_timeout=1)
+
+
+def test_a_loop_that_ends_with_async_block_steps_in_flight_fails_them_clearly():
+    import asyncio
+
+    from tests.batched import async_point_masses
+
+    with aiovec.make(
+        async_point_masses, 4, envs_per_block=2, backend="coroutine",
+        env_kwargs={"await_time": 5.0},
+    ) as venv:  # fmt: skip
+
+        async def start():
+            await venv.areset(seed=0)
+            venv.send(np.zeros((4, 1), np.float32))  # then asyncio.run returns
+
+        asyncio.run(start())
+
+        async def collect():
+            with pytest.raises(aiovec.EnvError, match="event loop running this async env stopped"):
+                await asyncio.wait_for(venv.recv(), 10)
+
+        asyncio.run(collect())  # an error, never a hang
+
+
+class CancelledInsideVectorEnv(PointMassVectorEnv):
+    async def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed, options=options)
+
+    async def step(self, actions):
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()  # e.g. a transport cancelled the request
+        await future
+
+
+def test_a_cancellation_inside_an_async_block_is_that_block_s_error():
+    with aiovec.make(
+        lambda num_envs: CancelledInsideVectorEnv(num_envs), 2, envs_per_block=2,
+        backend="coroutine",
+    ) as venv:  # fmt: skip
+
+        async def main():
+            await venv.areset(seed=0)
+            with pytest.raises(aiovec.EnvError, match="cancelled from inside"):
+                await asyncio.wait_for(venv.astep(np.zeros((2, 1), np.float32)), 10)
+
+        aiovec.run(main())
+
+
+def test_set_attr_with_different_values_in_a_block_changes_nothing(backend):
+    with aiovec.make(point_masses, 6, envs_per_block=2, backend=backend) as venv:
+        with pytest.raises(ValueError, match=r"envs 2..3\) different values"):
+            venv.set_attr("gain", [5.0, 5.0, 6.0, 7.0, 8.0, 8.0])
+        assert venv.get_attr("gain") == (1.0,) * 6  # no block was changed

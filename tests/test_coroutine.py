@@ -266,3 +266,37 @@ async def test_envs_finishing_together_are_answered_in_one_reply():
     assert [error.env_id for error in replies[1].errors] == [7]
     assert host.buffers.observations[:, 1].tolist() == [0 if i == 7 else 1 for i in range(50)]
     await asyncio.gather(*server.retire(), return_exceptions=True)
+
+
+def test_a_loop_that_ends_with_steps_in_flight_fails_them_clearly():
+    from aiovec.envs import AsyncLatencyEnv
+
+    env_fn = partial(AsyncLatencyEnv, mean_step_time=5.0)
+    with aiovec.VecEnv([env_fn] * 3, backend="coroutine") as venv:
+
+        async def start():
+            await venv.areset(seed=0)
+            venv.send(np.zeros(3, dtype=np.int64))  # then asyncio.run returns
+
+        asyncio.run(start())
+
+        async def collect():
+            for _ in range(3):  # one error per env, never a hang
+                with pytest.raises(aiovec.EnvError, match="event loop running this async env"):
+                    await asyncio.wait_for(venv.recv(max_envs=1), 10)
+
+        asyncio.run(collect())
+
+
+def test_recv_nowait_polling_from_synchronous_code_makes_progress():
+    with aiovec.VecEnv([AsyncCounterEnv] * 2, backend="coroutine") as venv:
+        venv.reset(seed=0)
+        venv.send(np.zeros(2, dtype=np.int64))
+        got: list[int] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            batch = venv.recv_nowait()
+            if batch is not None:
+                got += batch.env_ids.tolist()
+            time.sleep(0.001)
+        assert sorted(got) == [0, 1]

@@ -178,12 +178,13 @@ class LocalBackend(Backend):
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
         envs_per_block: int | None = None,
+        async_blocks: bool = False,
     ) -> None:
         size = envs_per_block or 1  # rows per factory (None: single envs)
         factories = group_factories(env_fns, list(range(len(env_fns) * size)), size)
         try:
             self._host, self.descriptions = build_host(
-                factories, autoreset_mode, max_restarts, envs_per_block
+                factories, autoreset_mode, max_restarts, envs_per_block, async_blocks
             )
         except EnvBuildError as exc:
             raise exc.info.to_exception() from None

@@ -36,7 +36,7 @@ class CoroutineBackend(LocalBackend):
         step_timeout: float | None = None,
         envs_per_block: int | None = None,
     ) -> None:
-        super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block)
+        super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block, async_blocks=True)
         self.groups = [self._host.group]
         self._server: AsyncEnvServer | AsyncBlockServer
         if isinstance(self._host, BlockHost):  # async batched envs: a task per block
@@ -86,6 +86,14 @@ class CoroutineBackend(LocalBackend):
         self._wakeup.wake()
 
     def poll(self) -> list[WorkerEvent]:
+        if not self._inbox and self._loop is not None and self._loop is self._private_loop:
+            # Envs started from synchronous code live on the private loop, which runs only
+            # during calls: give it one turn, so that recv_nowait() polling makes progress.
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                if self._server.busy() and not self._loop.is_closed():
+                    self._loop.run_until_complete(asyncio.sleep(0))
         messages, self._inbox = self._inbox, []
         return messages
 
