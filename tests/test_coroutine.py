@@ -300,3 +300,33 @@ def test_recv_nowait_polling_from_synchronous_code_makes_progress():
                 got += batch.env_ids.tolist()
             time.sleep(0.001)
         assert sorted(got) == [0, 1]
+
+
+def test_closing_with_async_steps_in_flight_leaves_no_pending_tasks(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import gc, numpy as np, aiovec
+from tests.batched import async_point_masses
+from tests.async_envs import AsyncCounterEnv
+v = aiovec.make(async_point_masses, 4, envs_per_block=2, backend="coroutine",
+                env_kwargs={"await_time": 5.0})
+v.reset(seed=0)
+v.step_async(np.zeros((4, 1), np.float32))
+v.close(terminate=True)  # as Ctrl-C does: timeout 0
+w = aiovec.VecEnv([AsyncCounterEnv] * 2, backend="coroutine")
+w.reset(seed=0)
+w.send(np.zeros(2, np.int64))
+del w  # __del__ with a step in flight
+gc.collect()
+print("closed")
+"""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "closed" in done.stdout, done.stderr
+    assert "Task was destroyed" not in done.stderr
+    assert "never awaited" not in done.stderr

@@ -15,7 +15,7 @@ from typing import Any
 
 from gymnasium.vector import AutoresetMode
 
-from aiovec._async_server import AsyncBlockServer, AsyncEnvServer
+from aiovec._async_server import CANCEL_GRACE, AsyncBlockServer, AsyncEnvServer
 from aiovec._blocks import BlockHost
 from aiovec._loop import new_event_loop
 from aiovec._protocol import EnvCommand
@@ -126,7 +126,7 @@ class CoroutineBackend(LocalBackend):
         """Cancel what runs and close every env: awaited on this backend's loop when no
         loop is running, scheduled on the running loop otherwise (use ``aclose`` there
         to wait for it), skipped when ``timeout`` is 0 (``__del__``, Ctrl-C)."""
-        self._server.retire()
+        runners = self._server.retire()
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -141,10 +141,17 @@ class CoroutineBackend(LocalBackend):
                 result = _close_call(env)
                 if inspect.isawaitable(result):
                     getattr(result, "close", lambda: None)()  # never run: discard quietly
-        if self._private_loop is not None and running is not self._private_loop:
-            if timeout and not self._private_loop.is_closed():
-                self._private_loop.run_until_complete(asyncio.sleep(0))  # cancellations land
-            self._private_loop.close()
+        private = self._private_loop
+        if private is not None and running is not private:
+            if running is None and not private.is_closed():
+                # Let the cancelled runners end (their envs' finally blocks run), even with
+                # timeout 0: a loop closed over pending tasks warns about each of them.
+                pending = [r for r in runners if r.get_loop() is private and not r.done()]
+                if pending:
+                    private.run_until_complete(asyncio.wait(pending, timeout=CANCEL_GRACE))
+                elif timeout:
+                    private.run_until_complete(asyncio.sleep(0))  # cancellations land
+            private.close()
 
 
 def _close_call(env: Any) -> Any:
