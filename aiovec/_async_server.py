@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
 from aiovec._blocks import BlockHost
@@ -83,22 +83,7 @@ class AsyncEnvServer:
     async def aclose(self, timeout: float | None = None) -> None:
         """Cancel every runner, then close every env, awaiting async ``close`` methods
         for up to ``timeout`` seconds. Errors of envs that fail to close are ignored."""
-        runners = self.retire()
-        if runners:  # an env that swallows its cancellation is abandoned at the timeout
-            await asyncio.wait(runners, timeout=timeout)
-        closes: list[Awaitable[Any]] = []
-        for env in self.host.envs.values():
-            try:
-                result: Any = cast(Any, env).close()  # async envs return an awaitable
-            except Exception:
-                continue
-            if inspect.isawaitable(result):
-                closes.append(result)
-        if closes:
-            try:
-                await asyncio.wait_for(asyncio.gather(*closes, return_exceptions=True), timeout)
-            except asyncio.TimeoutError:
-                pass  # closing must finish; envs that take longer are abandoned
+        await close_after(self.retire(), self.host.envs.values(), timeout)
 
     async def _run(self, env_id: int, loop: asyncio.AbstractEventLoop) -> None:
         queue = self._queues[env_id]
@@ -291,22 +276,7 @@ class AsyncBlockServer:
     async def aclose(self, timeout: float | None = None) -> None:
         """Cancel every runner, then close every block (awaiting async ``close``
         methods for up to ``timeout`` seconds); errors while closing are ignored."""
-        runners = self.retire()
-        if runners:
-            await asyncio.wait(runners, timeout=timeout)
-        closes: list[Awaitable[Any]] = []
-        for block in self.host.envs.values():
-            try:
-                result: Any = cast(Any, block).close()  # async batched envs: awaitable
-            except Exception:
-                continue
-            if inspect.isawaitable(result):
-                closes.append(result)
-        if closes:
-            try:
-                await asyncio.wait_for(asyncio.gather(*closes, return_exceptions=True), timeout)
-            except asyncio.TimeoutError:
-                pass
+        await close_after(self.retire(), self.host.envs.values(), timeout)
 
     async def _run(self, first_row: int) -> None:
         queue = self._queues[first_row]
@@ -349,6 +319,29 @@ class AsyncBlockServer:
             return Reply(command.seq, rows, errors=[error], progressed=False)
         self._gathering.pop(command.seq, None)
         return Reply(command.seq, command.env_ids, errors=[error])
+
+
+async def close_after(
+    runners: list[asyncio.Task[None]], envs: Iterable[Any], timeout: float | None
+) -> None:
+    """Wait for the cancelled ``runners`` to end, then close every env (or batched
+    env), awaiting async ``close`` methods, all within about ``timeout`` seconds each.
+    Errors of envs that fail to close are ignored: closing must finish."""
+    if runners:  # an env that swallows its cancellation is abandoned at the timeout
+        await asyncio.wait(runners, timeout=timeout)
+    closes: list[Awaitable[Any]] = []
+    for env in envs:
+        try:
+            result: Any = env.close()  # async envs return an awaitable
+        except Exception:
+            continue
+        if inspect.isawaitable(result):
+            closes.append(result)
+    if closes:
+        try:
+            await asyncio.wait_for(asyncio.gather(*closes, return_exceptions=True), timeout)
+        except asyncio.TimeoutError:
+            pass  # envs that take longer are abandoned
 
 
 def _lost(env_id: int, command: EnvCommand) -> ErrorInfo:
