@@ -53,16 +53,14 @@ from aiovec._spaces import (
     split_batch,
     write_rows,
 )
+from aiovec._split_calls import SplitCalls
 from aiovec._stats import Stats
 from aiovec.backends import REGISTRY, Hosting, backend_options, build_backend
 from aiovec.backends._base import Backend
 from aiovec.errors import (
     ClosedError,
     EnvBusyError,
-    NoPendingCallError,
     NothingInFlightError,
-    PendingCallError,
-    WaitTimeoutError,
 )
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -111,7 +109,7 @@ class Batch(NamedTuple):
     env_ids: np.ndarray
 
 
-class VecEnv(VectorEnv):
+class VecEnv(SplitCalls, VectorEnv):
     """Runs ``len(env_fns)`` environments as one vector env.
 
     A drop-in ``gymnasium.vector.VectorEnv``: ``reset``, ``step``, ``close``, ``call``,
@@ -330,7 +328,7 @@ class VecEnv(VectorEnv):
         self.num_envs = len(env_fns) * block_size
         self.copy = copy
         self.close_timeout = close_timeout
-        self._pending: tuple[str, Any] | None = None  # for the *_async/*_wait methods
+        self._pending = None  # for the *_async/*_wait methods (see aiovec._split_calls)
 
         hosting = Hosting(
             env_fns,
@@ -911,71 +909,6 @@ class VecEnv(VectorEnv):
         return self.get_attr("np_random")
 
     # Gymnasium AsyncVectorEnv's split calls, for code written against it.
-
-    def reset_async(
-        self,
-        seed: int | Sequence[int | None] | None = None,
-        options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
-    ) -> None:
-        """Start a reset; finish it with :meth:`reset_wait`."""
-        self._begin("reset")
-        self._pending = ("reset", self._reset_submit(seed, options))
-
-    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
-        """Finish :meth:`reset_async`."""
-        tickets = self._end("reset")
-        return self._wait_pending("reset", tickets, self._reset_wait(tickets, timeout))
-
-    def step_async(self, actions: Any) -> None:
-        """Start a step of every env; finish it with :meth:`step_wait`."""
-        self._begin("step")
-        self._pending = ("step", self._send(actions, None, stream=False))
-
-    def step_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """Finish :meth:`step_async`."""
-        tickets = self._end("step")
-        return self._wait_pending("step", tickets, self._step_wait(tickets, timeout))
-
-    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """Start a call on every env; finish it with :meth:`call_wait`."""
-        self._begin("call")
-        self._pending = ("call", self._call_submit(name, args, kwargs))
-
-    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """Finish :meth:`call_async`."""
-        state: tuple[list[int], list[Ticket]] = self._end("call")
-        return self._wait_pending("call", state, self._call_wait(*state, timeout))
-
-    def _wait_pending(self, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T:
-        """Run the wait of a ``*_async`` call; after a timeout the call stays pending
-        (its ``*_wait`` may be called again), as nothing of it is lost."""
-        try:
-            return self._run(waiting)
-        except WaitTimeoutError:
-            self._pending = (kind, state)
-            raise
-
-    def _begin(self, kind: str, synchronous: bool = False) -> None:
-        """Refuse a call while a ``*_async`` call is pending (before anything is sent)."""
-        self._check_open(kind)
-        if self._pending is not None:
-            pending = self._pending[0]
-            method = kind if synchronous else f"{kind}_async"
-            raise PendingCallError(
-                f"Calling `{method}` while waiting for a pending call to `{pending}` to "
-                f"complete: call {pending}_wait() first",
-                pending,
-            )
-
-    def _end(self, kind: str) -> Any:
-        self._blocking_call(f"{kind}_wait", f"a{kind}")
-        self._check_open(f"{kind}_wait")
-        if self._pending is None or self._pending[0] != kind:
-            raise NoPendingCallError(
-                f"Calling `{kind}_wait` without any prior call to `{kind}_async`.", kind
-            )
-        state, self._pending = self._pending[1], None
-        return state
 
     def _blocking_call(self, method: str, async_method: str) -> None:
         """Checks before a synchronous call (see :func:`aiovec._loop.check_blocking_call`)."""
