@@ -180,8 +180,11 @@ def check_name(name: Any, operation: str) -> None:
 
 
 def check_max_envs(max_envs: int | None) -> None:
-    if max_envs is not None and (isinstance(max_envs, bool) or not max_envs >= 1):
-        raise ValueError(f"max_envs must be a positive number of envs (or None), got {max_envs!r}")
+    """``recv``'s ``max_envs``: ``None`` or a positive int (numpy integers count)."""
+    if max_envs is not None and (not is_int(max_envs) or max_envs < 1):
+        raise ValueError(
+            f"max_envs must be a positive int number of envs (or None), got {max_envs!r}"
+        )
 
 
 def brief(env_ids: list[int], shown: int = 10) -> str:

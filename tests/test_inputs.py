@@ -139,3 +139,20 @@ def test_an_env_may_keep_the_actions_it_was_given(backend):
             venv.step(actions)
         for env_id, kept in enumerate(venv.get_attr("kept")):
             np.testing.assert_array_equal(np.stack(kept), np.stack([a[env_id] for a in sent]))
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.0, 2.5, "2", float("nan")], ids=repr)
+def test_recv_refuses_a_max_envs_that_is_not_a_positive_int(bad):
+    with aiovec.make("CartPole-v1", 2, backend="inline") as venv:
+
+        async def main():
+            await venv.areset(seed=0)
+            venv.send(np.zeros(2, dtype=np.int64))
+            with pytest.raises(ValueError, match="max_envs must be a positive int"):
+                await venv.recv(max_envs=bad)
+            with pytest.raises(ValueError, match="max_envs must be a positive int"):
+                venv.recv_nowait(max_envs=bad)
+            batch = await venv.recv(max_envs=np.int64(2))  # numpy ints are ints; nothing lost
+            assert sorted(batch.env_ids.tolist()) == [0, 1]
+
+        aiovec.run(main())
