@@ -35,6 +35,7 @@ from aiovec._host import (
     EnvDescription,
     EnvHost,
     Flow,
+    HostState,
     _close_quietly,
     build_envs,
     describe,
@@ -43,7 +44,7 @@ from aiovec._host import (
     error_info,
 )
 from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
-from aiovec._spaces import batch_values, copy_buffer, is_shareable, split_batch, write_rows
+from aiovec._spaces import batch_values, copy_buffer, split_batch, write_rows
 
 
 class BlockFactory:
@@ -168,7 +169,7 @@ def build_host(
     return host, [describe(env) for env in envs.values()]
 
 
-class BlockHost:
+class BlockHost(HostState):
     """Executes commands on blocks (keyed by their first row), whole blocks at a time.
 
     With ``block_fns`` and ``max_restarts > 0``, a block that raises in ``step`` is
@@ -202,7 +203,6 @@ class BlockHost:
         self._owes_reset: set[int] = set()
         self._observation_space = first.observation_space  # batched, for splitting
         self._single_action_space = first.single_action_space
-        self._busy = 0.0
         self._ranges: dict[tuple[int, int], list[int]] = {}  # (first, count) -> its rows
         #: The rows hosted, in order (a Step for all of them may travel without them).
         self.group = [
@@ -212,10 +212,7 @@ class BlockHost:
             (first_row, range(index * envs_per_block, (index + 1) * envs_per_block))
             for index, first_row in enumerate(blocks)
         ]
-        # Observations of spaces not in shared memory, sent back in the reply, by row.
-        self._observations: dict[int, Any] | None = (
-            None if is_shareable(first.single_observation_space) else {}
-        )
+        super().__init__(first.single_observation_space)
         if buffers is not None:
             self.attach(buffers)
 
@@ -235,11 +232,6 @@ class BlockHost:
         self._busy += time.perf_counter() - started
         reply.busy = self.take_busy()
         return reply
-
-    def take_busy(self) -> float:
-        """Seconds spent running blocks since the last call (what a reply reports)."""
-        busy, self._busy = self._busy, 0.0
-        return busy
 
     def stream_step(self, send: Callable[[Reply], None], command: Step) -> None:
         """Step ``command``'s blocks one after the other, sending each block's results
@@ -339,7 +331,7 @@ class BlockHost:
             seq=command.seq,
             env_ids=env_ids,
             infos=infos,
-            observations=self._observations_of(env_ids),
+            observations=self.observations_of(env_ids),
             errors=errors or None,
             progressed=progressed,
         )
@@ -509,7 +501,7 @@ class BlockHost:
             env_ids=env_ids,
             infos=results if is_reset and any(results) else None,
             values=results if isinstance(command, Call) else None,
-            observations=self._observations_of(env_ids) if is_reset else None,
+            observations=self.observations_of(env_ids) if is_reset else None,
             errors=errors or None,
         )
 
@@ -584,11 +576,6 @@ class BlockHost:
                 "values; a batched env has one attribute per block: give its rows one value"
             )
         setattr(self.envs[first_row], command.name, values[0])
-
-    def _observations_of(self, env_ids: list[int]) -> list[Any] | None:
-        if self._observations is None:
-            return None
-        return [self._observations.get(env_id) for env_id in env_ids]
 
     def notify_restart(self, reason: str, env_ids: list[int] | None = None) -> None:
         """The next step of each block of ``env_ids`` (default: all) reports a restart."""

@@ -87,7 +87,31 @@ def describe(env: gym.Env[Any, Any]) -> EnvDescription:
     )
 
 
-class EnvHost:
+class HostState:
+    """What every host (single envs or blocks) keeps between commands: the seconds
+    spent running envs not yet reported in a reply, and, for observation spaces not in
+    shared memory, the latest observation of each env (they travel in replies)."""
+
+    def __init__(self, single_observation_space: gym.Space[Any]) -> None:
+        self._busy = 0.0
+        self._observations: dict[int, Any] | None = (
+            None if is_shareable(single_observation_space) else {}
+        )
+
+    def take_busy(self) -> float:
+        """Seconds spent running envs since the last call (what a reply reports)."""
+        busy, self._busy = self._busy, 0.0
+        return busy
+
+    def observations_of(self, env_ids: list[int]) -> list[Any] | None:
+        """The latest observations of ``env_ids`` when they travel in replies (spaces not in
+        shared memory); ``None`` when they are in the shared buffers."""
+        if self._observations is None:
+            return None
+        return [self._observations.get(env_id) for env_id in env_ids]
+
+
+class EnvHost(HostState):
     """Executes :mod:`aiovec._protocol` commands on ``envs`` (keyed by global env id).
 
     With ``env_fns`` and ``max_restarts > 0``, an env that raises in ``step`` is rebuilt
@@ -121,11 +145,7 @@ class EnvHost:
         self._restart_notices: dict[int, str] = {}  # env id -> why it was rebuilt
         self._observation_space = next(iter(envs.values())).observation_space
         self._needs_reset = dict.fromkeys(envs, False)
-        self._busy = 0.0  # seconds spent running envs, not yet reported in a reply
-        # Observations of spaces that are not in shared memory, sent back in the reply.
-        self._observations: dict[int, Any] | None = (
-            None if is_shareable(self._observation_space) else {}
-        )
+        super().__init__(self._observation_space)
         if buffers is not None:
             self.attach(buffers)
 
@@ -149,11 +169,6 @@ class EnvHost:
         self._busy = busy_before + (perf_counter() - started)
         reply.busy = self.take_busy()
         return reply
-
-    def take_busy(self) -> float:
-        """Seconds spent running envs since the last call (what a reply reports)."""
-        busy, self._busy = self._busy, 0.0
-        return busy
 
     def _execute(self, command: EnvCommand) -> Reply:
         if type(command) is Step:
@@ -383,13 +398,6 @@ class EnvHost:
             progressed=any(outcome.progressed for outcome in outcomes),
             busy=self.take_busy(),
         )
-
-    def observations_of(self, env_ids: list[int]) -> list[Any] | None:
-        """The latest observations of ``env_ids`` when they travel in replies (spaces not in
-        shared memory); ``None`` when they are in the shared buffers."""
-        if self._observations is None:
-            return None
-        return [self._observations.get(env_id) for env_id in env_ids]
 
     def _drive(self, env_id: int, flow: Flow) -> Any:
         return drive(flow, partial(self.envs.__getitem__, env_id))
