@@ -8,6 +8,7 @@ Dict/Tuple. Row ``i`` belongs to env ``i``. Spaces that have no fixed-size array
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from functools import singledispatch
 from typing import Any, cast
@@ -268,8 +269,10 @@ def copy_buffer(buffer: Any) -> Any:
 def write_rows(
     buffer: Any, env_ids: Sequence[int] | Sequence[np.integer[Any]] | np.ndarray | slice, batch: Any
 ) -> None:
-    """Write a validated batch (see :func:`check_batch`) into the rows ``env_ids``."""
+    """Write a validated batch (see :func:`batch_checker`) into the rows ``env_ids``."""
     if isinstance(buffer, np.ndarray):
+        if batch.ndim < buffer.ndim:  # one number per env for a one-element Box
+            batch = batch.reshape(-1, *buffer.shape[1:])
         buffer[env_ids] = batch
     elif isinstance(buffer, dict):
         for key, sub in buffer.items():
@@ -321,13 +324,18 @@ def batch_checker(space: spaces.Space[Any], path: str = "actions") -> Callable[[
 @batch_checker.register(spaces.Box)
 def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int], Checked]:
     shape, dtype = space.shape, space.dtype
+    # One number per env for a one-element Box is unambiguous, and Gymnasium takes it
+    # (its iterate hands env i the number batch[i]): so do we, by value, as passed.
+    one_element = shape != () and math.prod(shape) == 1
 
     def check(batch: Any, count: int) -> Checked:
         array = np.asarray(batch)
-        _check_shape(array, count, shape, space, path)
+        flat = one_element and array.shape == (count,)
+        if not flat:
+            _check_shape(array, count, shape, space, path)
         if array.dtype.kind not in "biuf":
             raise TypeError(f"{path}: expected numbers for {space}, got dtype {array.dtype}")
-        return array, array.dtype == dtype
+        return array, array.dtype == dtype and not flat
 
     return check
 

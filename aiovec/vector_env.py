@@ -4,9 +4,10 @@ The async methods (:meth:`VecEnv.areset`, :meth:`VecEnv.astep`, :meth:`VecEnv.se
 :meth:`VecEnv.recv`) are the implementation; the synchronous Gymnasium API drives the
 same coroutines with waits that block in the kernel instead of awaiting a loop.
 
-This module owns the public API and result assembly (batches, infos, errors raised
-once). It reaches envs only through the scheduler (never a backend's internals), and
-its argument checks live in :mod:`aiovec._checks`.
+This module owns the public API: it checks a call's arguments (the checks themselves
+live in :mod:`aiovec._checks`), submits commands through the scheduler (never a
+backend's internals) and hands back what :mod:`aiovec._results` assembles. Gymnasium's
+split calls (``*_async``/``*_wait``) are the mixin of :mod:`aiovec._split_calls`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -37,19 +38,16 @@ from aiovec._checks import (
     resolve_env_ids,
 )
 from aiovec._host import EnvDescription
-from aiovec._infos import add_info, batch_infos
 from aiovec._loop import check_blocking_call
 from aiovec._protocol import Call, Reply, Reset, SetAttr, Step
+from aiovec._results import Batch, Results
 from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
 from aiovec._spaces import (
     batch_checker,
-    batch_values,
     check_gymnasium_shareable,
     check_observation_mode,
-    copy_buffer,
     is_shareable,
     observation_spaces,
-    read_rows,
     split_batch,
     write_rows,
 )
@@ -62,6 +60,8 @@ from aiovec.errors import (
     EnvBusyError,
     NothingInFlightError,
 )
+
+__all__ = ["Batch", "VecEnv"]
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 _T = TypeVar("_T")
@@ -93,20 +93,6 @@ def _timed(method: _Method) -> _Method:
             scheduler.exit_call()
 
     return cast(_Method, timed)
-
-
-class Batch(NamedTuple):
-    """The results of the envs ``env_ids``: row ``i`` of every field belongs to ``env_ids[i]``.
-
-    ``infos`` is in Gymnasium's vector format (arrays plus ``_key`` masks) over the batch.
-    """
-
-    observations: Any
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
-    infos: dict[str, Any]
-    env_ids: np.ndarray
 
 
 class VecEnv(SplitCalls, VectorEnv):
@@ -375,11 +361,18 @@ class VecEnv(SplitCalls, VectorEnv):
             step_timeout=None if self._backend.enforces_step_timeout else step_timeout,
         )
         self.on_failure = on_failure
-        #: How many times each env was rebuilt after a failure (``on_failure="restart"``).
-        self.restart_counts = np.zeros(self.num_envs, dtype=np.int64)
         self._check_actions = batch_checker(self.single_action_space)
-        self._observations_shared = is_shareable(self.single_observation_space)
-        self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)  # for DISABLED mode
+        self._results = Results(
+            self._scheduler,
+            self.num_envs,
+            self._buffers,
+            self.single_observation_space,
+            self.autoreset_mode,
+            observations_shared=is_shareable(self.single_observation_space),
+        )
+        #: How many times each env was rebuilt after a failure (``on_failure="restart"``).
+        self.restart_counts = self._results.restart_counts
+        self._needs_reset = self._results.needs_reset  # DISABLED mode: reset before stepping
         self._steps_in_place = self._backend.completes_inline
         self.closed = False
 
@@ -542,65 +535,10 @@ class VecEnv(SplitCalls, VectorEnv):
         return self._take_batch(max_envs)
 
     def _take_batch(self, max_envs: int | None) -> Batch:
-        scheduler = self._scheduler
         limit = max_envs or self.num_envs
         if self.envs_per_block is not None:  # whole blocks (the ready-queue holds whole blocks)
             limit = max(limit - limit % self.envs_per_block, self.envs_per_block)
-        env_ids = scheduler.take_ready(limit)
-        self._raise_first_error(env_ids)
-        rows = np.array(env_ids, dtype=np.intp)
-        buffers = self._buffers
-        observations = (
-            read_rows(buffers.observations, rows)
-            if self._observations_shared
-            else batch_values(
-                self.single_observation_space, [scheduler.observations[i] for i in env_ids]
-            )
-        )
-        return Batch(
-            observations,
-            buffers.rewards[rows],
-            buffers.terminations[rows],
-            buffers.truncations[rows],
-            self._collect_infos(env_ids),
-            rows,
-        )
-
-    def _raise_first_error(self, env_ids: list[int]) -> None:
-        """If an env of ``env_ids`` failed, raise its error and requeue the others."""
-        errors = self._scheduler.errors
-        if not errors:
-            return
-        for env_id in env_ids:
-            error = errors.get(env_id)
-            if error is not None:
-                # Every env this error stands for (the rows of a batched env) is answered
-                # by it, once; the others go back to the ready-queue.
-                failed = [e for e in env_ids if errors.get(e) is error]
-                for failed_id in failed:
-                    del errors[failed_id]
-                    self._scheduler.infos.pop(failed_id, None)
-                failed_set = set(failed)
-                self._scheduler.give_back([e for e in env_ids if e not in failed_set])
-                raise error
-
-    def _collect_infos(self, env_ids: list[int]) -> dict[str, Any]:
-        if self.autoreset_mode is AutoresetMode.DISABLED:
-            done = self._buffers.terminations[env_ids] | self._buffers.truncations[env_ids]
-            self._needs_reset[env_ids] = done
-        infos = self._scheduler.infos
-        if not infos:  # the common case for many envs: nothing to batch
-            return {}
-        # cast: under `or {}`, mypy picks the dict.pop overload that refuses None
-        batch = [cast("dict[str, Any] | None", infos.pop(i, None)) or {} for i in env_ids]
-        self._count_restarts(env_ids, batch)
-        return batch_infos(batch)
-
-    def _count_restarts(self, env_ids: list[int], infos: Sequence[dict[str, Any] | None]) -> None:
-        """Count the envs whose info says they were rebuilt (``on_failure="restart"``)."""
-        for env_id, info in zip(env_ids, infos):
-            if info and info.get("restarted") is True:
-                self.restart_counts[env_id] += 1
+        return self._results.take_batch(limit)
 
     # --- shared pieces of lockstep stepping and resetting -----------------------------------
 
@@ -612,7 +550,7 @@ class VecEnv(SplitCalls, VectorEnv):
         env_ids = scheduler.take_ready(self.num_envs)
         # Every env (the usual case): env id order without sorting thousands of ids.
         ordered = scheduler.all_env_ids if len(env_ids) == self.num_envs else sorted(env_ids)
-        return self._lockstep_results(ordered)
+        return self._results.lockstep(ordered, self.copy)
 
     def _step_in_place(
         self, actions: Any
@@ -630,43 +568,13 @@ class VecEnv(SplitCalls, VectorEnv):
         try:
             env_ids, make_step = self._step_commands(actions, None, stream=False)
             scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
-            return self._lockstep_results(env_ids)
+            return self._results.lockstep(env_ids, self.copy)
         except KeyboardInterrupt:
             self.close(timeout=0)
             raise
         finally:
             scheduler.exit_call()
             scheduler.exit_sync()
-
-    def _lockstep_results(
-        self, env_ids: list[int]
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """The results of a step of all envs (``env_ids``, in order) as ``step`` returns
-        them, or the first env's error (the step fails as a whole)."""
-        scheduler = self._scheduler
-        try:
-            self._raise_first_error(env_ids)
-        except BaseException:
-            # A lockstep step fails as a whole: drop the other results and errors, but
-            # count the envs that were rebuilt meanwhile (restart_counts stays true).
-            scheduler.take_ready(self.num_envs)
-            scheduler.errors.clear()
-            self._count_restarts(env_ids, [scheduler.infos.pop(i, None) for i in env_ids])
-            raise
-        infos = self._collect_infos(env_ids)
-        buffers = self._buffers
-        return (
-            self._full_observations(),
-            buffers.rewards.copy(),
-            buffers.terminations.copy(),
-            buffers.truncations.copy(),
-            infos,
-        )
-
-    def _full_observations(self) -> Any:
-        if not self._observations_shared:
-            return batch_values(self.single_observation_space, self._scheduler.observations)
-        return copy_buffer(self._buffers.observations) if self.copy else self._buffers.observations
 
     def _reset_submit(
         self,
@@ -704,27 +612,16 @@ class VecEnv(SplitCalls, VectorEnv):
     async def _reset_wait(
         self, tickets: list[Ticket], timeout: float | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        infos: dict[str, Any] = {}
-        for ticket, reply in await self._wait_tickets(tickets, timeout):
-            if reply.infos is not None:
-                for env_id, info in zip(ticket.env_ids, reply.infos):
-                    if info:
-                        add_info(infos, info, env_id, self.num_envs)
-        return self._full_observations(), infos
+        await self._scheduler.wait_until(lambda: all(t.done for t in tickets), timeout)
+        infos = self._results.reset_infos(tickets)
+        return self._results.observations(self.copy), infos
 
     async def _wait_tickets(
         self, tickets: list[Ticket], timeout: float | None
     ) -> list[tuple[Ticket, Reply]]:
         """Wait for control tickets; raise the first failure, else return (ticket, reply)."""
         await self._scheduler.wait_until(lambda: all(t.done for t in tickets), timeout)
-        for ticket in tickets:
-            if ticket.failure is not None:
-                raise ticket.failure
-            for env_id in ticket.env_ids:
-                if env_id in ticket.errors:
-                    raise ticket.errors[env_id]
-        # done without a failure: each has its reply
-        return [(ticket, cast(Reply, ticket.reply)) for ticket in tickets]
+        return self._results.replies(tickets)
 
     # --- calls and attributes -------------------------------------------------------------
 
@@ -779,10 +676,8 @@ class VecEnv(SplitCalls, VectorEnv):
         self, env_ids: list[int], tickets: list[Ticket], timeout: float | None = None
     ) -> tuple[Any, ...]:
         """The call results, in the order of ``env_ids``."""
-        results: dict[int, Any] = {}
-        for ticket, reply in await self._wait_tickets(tickets, timeout):
-            results.update(zip(ticket.env_ids, reply.values))
-        return tuple(results[env_id] for env_id in env_ids)
+        await self._scheduler.wait_until(lambda: all(t.done for t in tickets), timeout)
+        return self._results.call_values(env_ids, tickets)
 
     @_timed
     async def aset_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:

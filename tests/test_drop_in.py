@@ -117,6 +117,89 @@ def test_an_env_exception_is_caught_by_its_own_class(backend):
         assert "in step" in caught.value.worker_traceback
 
 
+class _RaisesOnPositiveEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
+    """Raises in reset for seed 1 and in step for actions >= 1, as Gymnasium's own test."""
+
+    def reset(self, *, seed=None, options=None):
+        if seed == 1:
+            raise ValueError("Error in reset")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if action >= 1:
+            raise ValueError(f"Error in step with {action}")
+        return super().step(action)
+
+
+def _messages(caught) -> list[str]:
+    return [str(warning.message) for warning in caught]
+
+
+def test_a_failed_reset_is_logged_as_gymnasium_logs_it(backend):
+    import warnings
+
+    import aiovec
+
+    with aiovec.VecEnv([_RaisesOnPositiveEnv] * 2, backend=backend) as venv:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            venv.reset(seed=[0, 0])
+        assert _messages(caught) == []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ValueError, match="Error in reset"):
+                venv.reset(seed=[1, 0])
+    messages = _messages(caught)
+    assert len(messages) == 3, messages
+    assert "Received the following error from Worker-0 - Shutting it down" in messages[0]
+    assert 'raise ValueError("Error in reset")\nValueError: Error in reset' in messages[1]
+    assert messages[2] == (
+        "\x1b[31mERROR: Raising the last exception back to the main process.\x1b[0m"
+    )
+
+
+@pytest.mark.parametrize("api", ["step", "astep", "step_async"])
+def test_every_env_failing_in_a_step_is_logged_and_the_raised_one_last(api):
+    import asyncio
+    import warnings
+
+    import aiovec
+
+    with aiovec.VecEnv([_RaisesOnPositiveEnv] * 3, backend="process") as venv:
+        venv.reset(seed=[0, 0, 0])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ValueError, match="Error in step with") as raised:
+                if api == "step":
+                    venv.step([0, 1, 1])
+                elif api == "astep":
+                    asyncio.run(venv.astep([0, 1, 1]))
+                else:
+                    venv.step_async([0, 1, 1])
+                    venv.step_wait()
+    messages = _messages(caught)
+    assert len(messages) == 5, messages
+    logged = [int(m.split("Worker-")[1].split(" ")[0]) for m in messages[0:4:2]]
+    assert sorted(logged) == [1, 2]
+    assert logged[-1] == raised.value.env_index  # the exception raised is the last logged
+    assert "Error in step with 1" in messages[3]
+    assert "Raising the last exception back to the main process." in messages[4]
+
+
+def test_errors_that_are_not_raised_are_not_logged():
+    import warnings
+
+    import aiovec
+
+    with aiovec.VecEnv([_RaisesOnPositiveEnv] * 2, on_failure="restart") as venv:
+        venv.reset(seed=[0, 0])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, _, _, truncations, infos = venv.step([1, 0])
+    assert truncations.tolist() == [True, False] and infos["restarted"][0]
+    assert not [m for m in _messages(caught) if "Worker-" in m]
+
+
 def test_timeouts_are_multiprocessing_timeout_errors():
     import multiprocessing
     from functools import partial

@@ -27,8 +27,6 @@ measures that:
    reason), which holds at most 4 entries (the issue's budget) and only tests that fail
    for a deliberate, documented reason; a listed test that passes must be removed.
 
-Until the runtime is compatible the test is marked ``xfail(strict=False)``.
-
 By hand (prints the summary and every failure; exit status 1 while any is unexpected)::
 
     python tests/test_gymnasium_upstream.py                 # whole selection
@@ -490,12 +488,6 @@ def test_deliberate_differences_are_few_and_explained():
         assert reason.strip() and "\n" not in reason, nodeid
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue #12: 1 failure beyond the 4 deliberate differences remains (measured "
-    "against a reconstruction of Gymnasium 1.4.0's tests: 201 of 206 pass): env errors are "
-    "not logged through gymnasium.logger (test_async_vector_subenv_error)",
-)
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 600)
 def test_gymnasium_vector_tests_pass_with_aiovec():
     try:

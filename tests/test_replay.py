@@ -426,6 +426,16 @@ def test_actions_are_checked_against_the_action_space():
         discrete.reset(np.zeros((2, 3), np.float32))
 
 
+def test_one_number_per_env_for_a_one_element_box_is_stored_as_its_row():
+    # As VecEnv takes it (Gymnasium's iterate does): [0.5, -0.5] for Box((1,)) is one
+    # action per env, stored as rows of the action space.
+    buffer = ReplayBuffer(8, OBS, spaces.Box(-1, 1, (1,)), num_envs=2)
+    buffer.reset(np.zeros((2, 2), np.float32))
+    buffer.sent([0.5, -0.5])
+    buffer.received((np.ones((2, 2), np.float32), np.zeros(2), *[np.zeros(2, bool)] * 2, {}))
+    assert buffer.actions[:2].tolist() == [[0.5], [-0.5]]
+
+
 def test_save_and_load_use_the_exact_path(tmp_path):
     buffer = ReplayBuffer(8, OBS, ACT)
     buffer.add(**_transitions(3))

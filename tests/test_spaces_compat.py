@@ -314,6 +314,40 @@ def test_envs_receive_the_callers_actions_unchanged(backend, action_space, actio
         assert repr(got) == repr(want)  # repr: nan equals nan, and types show
 
 
+@pytest.mark.parametrize(
+    "space, actions, expected",
+    [
+        (spaces.Box(0, 1, (1,)), [0, 1], [("int64", "int64", 0), ("int64", "int64", 1)]),
+        (
+            spaces.Box(0, 1, (1, 1), np.float32),
+            np.array([0.5, 0.25], np.float32),
+            [("float32", "float32", 0.5), ("float32", "float32", 0.25)],
+        ),
+    ],
+    ids=["list-of-ints", "float32-for-1x1"],
+)
+def test_one_number_per_env_for_a_one_element_box_reaches_each_env_as_passed(
+    backend, space, actions, expected
+):
+    # Gymnasium iterates a batch of [0, 1] over Box((1,)) as one number per env; aiovec
+    # takes it too (it cannot mean anything else) and hands env i the number actions[i].
+    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        venv.step(actions)
+        received = [actions[-1] for actions in venv.get_attr("received")]
+    assert received == expected
+
+
+def test_a_flat_batch_for_a_box_of_several_elements_is_still_refused(backend):
+    space = spaces.Box(0, 1, (2,))
+    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(ValueError, match=r"expected shape \(2, 2\)"):
+            venv.step([0.5, 0.5, 0.5, 0.5])
+        with pytest.raises(ValueError, match=r"expected shape \(2, 2\)"):
+            venv.step([0.5, 0.5])
+
+
 def test_actions_of_the_spaces_dtype_take_shared_memory_and_paths_can_alternate(backend):
     space = spaces.Box(-10, 10, (1,), np.float32)
     with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
