@@ -23,7 +23,6 @@ from gymnasium import logger
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from aiovec._auto import choose_backend, choose_block_layout
 from aiovec._checks import (
     block_autoreset_mode,
     brief,
@@ -32,11 +31,11 @@ from aiovec._checks import (
     check_one_value_per_block,
     check_whole_blocks,
     env_seeds,
-    is_int,
     refuse_custom_worker,
     reset_mask_ids,
     resolve_env_ids,
 )
+from aiovec._construction import check_envs_per_block, check_factories, plan_backend
 from aiovec._host import EnvDescription
 from aiovec._loop import check_blocking_call
 from aiovec._protocol import Call, Reply, Reset, SetAttr, Step
@@ -53,7 +52,7 @@ from aiovec._spaces import (
 )
 from aiovec._split_calls import SplitCalls
 from aiovec._stats import Stats
-from aiovec.backends import REGISTRY, Hosting, backend_options, build_backend
+from aiovec.backends import Hosting, backend_options, build_backend
 from aiovec.backends._base import Backend
 from aiovec.errors import (
     ClosedError,
@@ -239,76 +238,27 @@ class VecEnv(SplitCalls, VectorEnv):
         envs_per_block: int | None = None,
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
-        if envs_per_block is not None and (not is_int(envs_per_block) or envs_per_block < 1):
-            raise ValueError(
-                f"envs_per_block must be a positive int or None, got {envs_per_block!r}"
-            )
         #: Rows per batched env (``None``: single envs); ``num_envs`` is a multiple of it.
-        self.envs_per_block = None if envs_per_block is None else int(envs_per_block)
+        self.envs_per_block = check_envs_per_block(envs_per_block)
         batched = self.envs_per_block is not None
         block_size = self.envs_per_block or 1
         if worker is not None:
             refuse_custom_worker(worker)
-        env_fns = list(env_fns)
-        if not env_fns:
-            raise ValueError("env_fns is empty: a vector env needs at least one env factory")
-        for index, env_fn in enumerate(env_fns):
-            if not callable(env_fn):
-                raise TypeError(
-                    f"env_fns[{index}] is {env_fn!r}, not a callable; pass factories such as "
-                    "`lambda: gymnasium.make('CartPole-v1')` or use aiovec.make()"
-                )
-        if max_concurrency is not None:
-            if isinstance(max_concurrency, bool) or not isinstance(
-                max_concurrency, (int, np.integer)
-            ):
-                raise ValueError(
-                    f"`max_concurrency` must be an integer or None, got {type(max_concurrency)}."
-                )
-            if max_concurrency < 1:
-                raise ValueError(
-                    f"`max_concurrency` must be a positive or None, got {max_concurrency}."
-                )
-            if backend not in ("auto", "process", "inline"):
-                raise ValueError(
-                    "max_concurrency needs backend='process' (or 'inline', which steps one "
-                    f"env at a time anyway), got backend={backend!r}"
-                )
-            if backend == "auto":
-                backend = "process"
-            if backend == "process":  # one env at a time per worker: at most that many
-                limit = min(int(max_concurrency), len(env_fns))
-                num_workers = limit if num_workers is None else min(num_workers, limit)
-                concurrent_envs, inline_envs = False, 0
+        env_fns = check_factories(env_fns)
+        plan = plan_backend(
+            backend,
+            env_fns,
+            envs_per_block=self.envs_per_block,
+            num_workers=num_workers,
+            inline_envs=inline_envs,
+            concurrent_envs=concurrent_envs,
+            on_failure=on_failure,
+            max_restarts=max_restarts,
+            step_timeout=step_timeout,
+            max_concurrency=max_concurrency,
+        )
+        backend, inline_envs = plan.backend, plan.inline_envs
         self.max_concurrency = max_concurrency
-        if backend == "auto" and batched:  # only the backend: the blocks are given
-            isolate = on_failure == "restart" or step_timeout is not None
-            backend = choose_block_layout(
-                lambda size: env_fns[0], len(env_fns) * block_size, isolate, block_size
-            )["backend"]
-        if batched and step_timeout is not None and backend == "coroutine":
-            raise ValueError(
-                "step_timeout is not enforced for async batched envs (envs_per_block on "
-                "backend='coroutine', the only backend that awaits them): leave it out"
-            )
-        if backend == "auto":
-            # With restarts or step timeouts asked for, every env stays out of this process.
-            isolate = on_failure == "restart" or step_timeout is not None
-            chosen = choose_backend(env_fns[0], len(env_fns), isolate=isolate)
-            backend = chosen.pop("backend")
-            if backend in ("process", "ray") and num_workers is None:  # the user's count wins
-                num_workers = chosen.get("num_workers")
-                inline_envs = chosen.get("inline_envs", inline_envs)
-        if backend not in REGISTRY:
-            raise ValueError(f"backend must be one of {(*REGISTRY, 'auto')}, got {backend!r}")
-        if on_failure not in ("raise", "restart"):
-            raise ValueError(f"on_failure must be 'raise' or 'restart', got {on_failure!r}")
-        if step_timeout is not None and (backend == "inline" or step_timeout <= 0):
-            raise ValueError(
-                "step_timeout needs backend='process' or 'coroutine' (an env stepped inline "
-                f"cannot be interrupted) and a positive number of seconds, got {step_timeout!r}"
-            )
-        restarts = max_restarts if on_failure == "restart" else 0
         requested_mode = None if autoreset_mode is None else AutoresetMode(autoreset_mode)
         self.autoreset_mode = requested_mode or AutoresetMode.NEXT_STEP
         self.num_envs = len(env_fns) * block_size
@@ -319,17 +269,17 @@ class VecEnv(SplitCalls, VectorEnv):
         hosting = Hosting(
             env_fns,
             self.autoreset_mode,
-            max_restarts=restarts,
+            max_restarts=plan.max_restarts,
             envs_per_block=self.envs_per_block,
             step_timeout=step_timeout,
         )
         options = backend_options(
             backend,
-            num_workers=num_workers,
+            num_workers=plan.num_workers,
             context=context,
             spin=spin,
             inline_envs=inline_envs,
-            concurrent_envs=concurrent_envs,
+            concurrent_envs=plan.concurrent_envs,
             startup_timeout=startup_timeout,
             ray_options=ray_options,
         )
@@ -357,7 +307,7 @@ class VecEnv(SplitCalls, VectorEnv):
             self._backend,
             self.num_envs,
             restart=on_failure == "restart",
-            max_restarts=restarts,
+            max_restarts=plan.max_restarts,
             step_timeout=None if self._backend.enforces_step_timeout else step_timeout,
         )
         self.on_failure = on_failure

@@ -1,0 +1,133 @@
+"""Construction: which backend a new :class:`~aiovec.VecEnv` gets, and how many workers.
+
+This module owns turning ``VecEnv``'s construction arguments into a :class:`BackendPlan`:
+checking them (factories, ``envs_per_block``, ``max_concurrency``, ``on_failure``,
+``step_timeout``), resolving ``backend="auto"`` (which probes an env, see
+:mod:`aiovec._auto`) and what ``max_concurrency`` implies for the worker count. It
+builds nothing and starts nothing that outlives a call: ``VecEnv`` builds the backend
+from the plan, through the registry of :mod:`aiovec.backends`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from aiovec._auto import choose_backend, choose_block_layout
+from aiovec._checks import is_int
+from aiovec.backends import REGISTRY
+
+ON_FAILURE = ("raise", "restart")
+
+
+class BackendPlan(NamedTuple):
+    """What to build: a backend of the registry by name, with the worker layout."""
+
+    backend: str
+    num_workers: int | None  #: ``None``: the backend's default (about one per core)
+    inline_envs: int  #: envs the process backend steps in the agent's own process
+    concurrent_envs: bool | None  #: step a worker's envs in threads (``None``: measure)
+    max_restarts: int  #: rebuilds allowed per env; 0 unless ``on_failure="restart"``
+
+
+def check_envs_per_block(envs_per_block: Any) -> int | None:
+    """``envs_per_block`` as an int, or ``None`` for single envs; ValueError otherwise."""
+    if envs_per_block is None:
+        return None
+    if not is_int(envs_per_block) or envs_per_block < 1:
+        raise ValueError(f"envs_per_block must be a positive int or None, got {envs_per_block!r}")
+    return int(envs_per_block)
+
+
+def check_factories(env_fns: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:
+    """The factories as a list; ValueError if there are none, TypeError for one that
+    cannot be called."""
+    factories = list(env_fns)
+    if not factories:
+        raise ValueError("env_fns is empty: a vector env needs at least one env factory")
+    for index, env_fn in enumerate(factories):
+        if not callable(env_fn):
+            raise TypeError(
+                f"env_fns[{index}] is {env_fn!r}, not a callable; pass factories such as "
+                "`lambda: gymnasium.make('CartPole-v1')` or use aiovec.make()"
+            )
+    return factories
+
+
+def plan_backend(
+    backend: str,
+    env_fns: list[Callable[[], Any]],
+    *,
+    envs_per_block: int | None,
+    num_workers: int | None,
+    inline_envs: int,
+    concurrent_envs: bool | None,
+    on_failure: str,
+    max_restarts: int,
+    step_timeout: float | None,
+    max_concurrency: int | None,
+) -> BackendPlan:
+    """Check the backend-related arguments and decide the backend and worker layout.
+
+    A user's ``num_workers`` always wins over what ``"auto"`` would choose;
+    ``max_concurrency`` caps the process backend's workers (each steps one env at a
+    time). ``"auto"`` probes the first factory in a child process (see
+    :func:`aiovec._auto.choose_backend`); with restarts or a step timeout asked for,
+    it keeps every env out of this process.
+
+    Raises:
+        ValueError: an unknown backend, ``on_failure`` or a ``max_concurrency`` /
+            ``step_timeout`` the backend cannot honour (the message names the fix).
+    """
+    isolate = on_failure == "restart" or step_timeout is not None
+    if max_concurrency is not None:
+        _check_max_concurrency(max_concurrency, backend)
+        if backend == "auto":
+            backend = "process"
+        if backend == "process":  # one env at a time per worker: at most that many
+            limit = min(int(max_concurrency), len(env_fns))
+            num_workers = limit if num_workers is None else min(num_workers, limit)
+            concurrent_envs, inline_envs = False, 0
+    if backend == "auto" and envs_per_block is not None:  # only the backend: blocks are given
+        backend = choose_block_layout(
+            lambda size: env_fns[0], len(env_fns) * envs_per_block, isolate, envs_per_block
+        )["backend"]
+    if envs_per_block is not None and step_timeout is not None and backend == "coroutine":
+        raise ValueError(
+            "step_timeout is not enforced for async batched envs (envs_per_block on "
+            "backend='coroutine', the only backend that awaits them): leave it out"
+        )
+    if backend == "auto":
+        chosen = choose_backend(env_fns[0], len(env_fns), isolate=isolate)
+        backend = chosen.pop("backend")
+        if backend in ("process", "ray") and num_workers is None:  # the user's count wins
+            num_workers = chosen.get("num_workers")
+            inline_envs = chosen.get("inline_envs", inline_envs)
+    if backend not in REGISTRY:
+        raise ValueError(f"backend must be one of {(*REGISTRY, 'auto')}, got {backend!r}")
+    if on_failure not in ON_FAILURE:
+        raise ValueError(f"on_failure must be 'raise' or 'restart', got {on_failure!r}")
+    if step_timeout is not None and (backend == "inline" or step_timeout <= 0):
+        raise ValueError(
+            "step_timeout needs backend='process' or 'coroutine' (an env stepped inline "
+            f"cannot be interrupted) and a positive number of seconds, got {step_timeout!r}"
+        )
+    restarts = max_restarts if on_failure == "restart" else 0
+    return BackendPlan(backend, num_workers, inline_envs, concurrent_envs, restarts)
+
+
+def _check_max_concurrency(max_concurrency: Any, backend: str) -> None:
+    # Gymnasium's own messages for a bad value, so code that checks for them still works.
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, (int, np.integer)):
+        raise ValueError(
+            f"`max_concurrency` must be an integer or None, got {type(max_concurrency)}."
+        )
+    if max_concurrency < 1:
+        raise ValueError(f"`max_concurrency` must be a positive or None, got {max_concurrency}.")
+    if backend not in ("auto", "process", "inline"):
+        raise ValueError(
+            "max_concurrency needs backend='process' (or 'inline', which steps one "
+            f"env at a time anyway), got backend={backend!r}"
+        )
