@@ -25,13 +25,14 @@ import pickle
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 import cloudpickle
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from aiovec import _thread_clock as thread_clock
 from aiovec import _zygote
 from aiovec.async_env import AsyncEnv
 
@@ -47,9 +48,25 @@ PROBE_SECONDS = 0.02
 PROBE_MAX_STEPS = 200
 
 
-def probe_step_time(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
-    """``(seconds per step, CPU share of that time)`` of one env built by ``env_fn`` (a
-    batched env: seconds per step of the whole batch)."""
+class Probe(NamedTuple):
+    """How one env steps: see :func:`probe_step_time`."""
+
+    step_time: float  #: seconds per step while running (a batched env: the whole batch's)
+    cpu_share: float  #: CPU time over the time the env could run (preemption left out)
+    blocks_per_step: float | None  #: voluntary waits in the kernel per step (``None``: unknown)
+
+    @property
+    def mostly_waits(self) -> bool:
+        """Whether the env mostly waits (sleep, IO, a remote simulator): little CPU for
+        the time it could run, and it blocks about once a step or more. A computing env
+        preempted on a busy machine never blocks of its own accord, so it never counts."""
+        blocked = self.blocks_per_step is None or self.blocks_per_step >= 0.5
+        return blocked and self.cpu_share < WAITING_CPU_SHARE
+
+
+def probe_step_time(env_fn: Callable[[], gym.Env]) -> Probe:
+    """Step one env built by ``env_fn`` for about :data:`PROBE_SECONDS` and say how it
+    spends its time (see :class:`Probe`)."""
     env = env_fn()
     asynchronous = isinstance(env, AsyncEnv) or (
         isinstance(env, VectorEnv) and inspect.iscoroutinefunction(env.step)
@@ -65,17 +82,22 @@ def probe_step_time(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
         # Sampled beforehand: sampling a batch of thousands of actions is no step cost.
         actions = [env.action_space.sample() for _ in range(8)]
         steps = 0
-        wall_start, cpu_start = time.perf_counter(), time.thread_time()
-        while steps < PROBE_MAX_STEPS and time.perf_counter() - wall_start < PROBE_SECONDS:
+        start = thread_clock.read()
+        while steps < PROBE_MAX_STEPS and time.perf_counter() - start.wall < PROBE_SECONDS:
             _, _, terminated, truncated, _ = env.step(actions[steps % 8])
             steps += 1
             if not resets_itself and np.any(np.logical_or(terminated, truncated)):
                 env.reset()
-        wall = time.perf_counter() - wall_start
-        cpu = time.thread_time() - cpu_start
+        spent = thread_clock.since(start)
     finally:
         env.close()
-    return wall / max(steps, 1), min(cpu / wall, 1.0) if wall > 0 else 1.0
+    steps = max(steps, 1)
+    blocks = None if spent.blocks is None else spent.blocks / steps
+    # The env's own time per step, not other processes': a thread that never blocks is
+    # running or preempted, so its CPU time is its step time; else queued time is left out.
+    never_blocks = blocks is not None and blocks < 0.5
+    own_time = spent.cpu if never_blocks else spent.wall - spent.queued
+    return Probe(own_time / steps, spent.cpu_share, blocks)
 
 
 class _AsyncEnvFound(Exception):
@@ -95,15 +117,16 @@ def choose_backend(
     """
     cores = os.cpu_count() or 1
     try:
-        step_time, cpu_share = _probe(env_fn)
+        probe = _probe(env_fn)
     except _AsyncEnvFound:
         if num_envs >= MANY_ASYNC_ENVS and cores > 1:
             return {"backend": "process", "num_workers": cores}
         return {"backend": "coroutine"}
     except Exception:
         return {"backend": "process"}
-    if cpu_share < WAITING_CPU_SHARE:
+    if probe.mostly_waits:
         return {"backend": "process", "num_workers": min(num_envs, MAX_WAITING_WORKERS)}
+    step_time = probe.step_time
     if isolate:
         return {"backend": "process", "num_workers": min(cores, num_envs)}
     inline_time = num_envs * step_time
@@ -161,9 +184,9 @@ def choose_block_layout(
         return {"backend": "process" if isolate else "inline", "envs_per_block": num_envs}
     try:
         # The faster of two probes each: noise on a shared machine only ever slows one.
-        share_time = min(_probe(block_fn_of(size))[0] for _ in range(2))
+        share_time = min(_probe(block_fn_of(size)).step_time for _ in range(2))
         whole_time = (
-            math.inf if isolate else min(_probe(block_fn_of(num_envs))[0] for _ in range(2))
+            math.inf if isolate else min(_probe(block_fn_of(num_envs)).step_time for _ in range(2))
         )
     except Exception:  # the real construction reports the error, with the env's index
         return {"backend": "process", "num_workers": blocks, "envs_per_block": size}
@@ -186,7 +209,7 @@ def choose_block_layout(
 CHILD_PROBE_DEADLINE = 30.0
 
 
-def _probe(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
+def _probe(env_fn: Callable[[], gym.Env]) -> Probe:
     """:func:`probe_step_time` in a child process forked by the zygote (in this
     process where there is no zygote)."""
     if not _zygote.available():
@@ -212,7 +235,7 @@ def _probe(env_fn: Callable[[], gym.Env]) -> tuple[float, float]:
         raise _AsyncEnvFound
     if kind != "ok":
         raise RuntimeError(f"the probe failed: {value}")
-    return cast("tuple[float, float]", value)  # what probe_step_time returned in the child
+    return Probe(*value)  # what probe_step_time returned in the child
 
 
 def _probe_in_child(sock: socket.socket, payload: bytes) -> None:

@@ -65,7 +65,26 @@ def test_auto_backend_follows_the_cost_of_a_step():
             assert venv.inline_envs == 0
 
 
-def test_auto_backend_shares_cheap_cpu_bound_envs_with_this_process():
+@pytest.fixture(params=["idle", "loaded"])
+def machine(request):
+    """The machine as it is, or with two busy processes per core beside the test (the
+    probe must tell computing from waiting envs on a loaded machine too)."""
+    import subprocess
+    import sys
+
+    hogs = []
+    if request.param == "loaded":
+        hogs = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(2 * (os.cpu_count() or 1))
+        ]
+    yield request.param
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
+def test_auto_backend_shares_cheap_cpu_bound_envs_with_this_process(machine):
     """Envs cheaper than a round trip but many: cores - 1 workers and a local share."""
     from aiovec._auto import IPC_ROUND_TRIP, choose_backend
 
@@ -82,6 +101,15 @@ def test_auto_backend_shares_cheap_cpu_bound_envs_with_this_process():
             "num_workers": min(64, cores) - 1,
             "inline_envs": 64 // min(64, cores),
         }
+
+
+def test_the_probe_tells_waiting_from_computing_envs_on_a_loaded_machine(machine):
+    from aiovec._auto import probe_step_time
+
+    busy = probe_step_time(partial(VariableLatencyEnv, mean_step_time=5e-4, sigma=0.1, mode="busy"))
+    sleepy = probe_step_time(partial(VariableLatencyEnv, mean_step_time=2e-3, sigma=0.1))
+    assert not busy.mostly_waits, busy
+    assert sleepy.mostly_waits, sleepy
 
 
 def test_auto_backend_for_async_envs_uses_one_loop_per_core_for_thousands():
