@@ -32,8 +32,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from aiovec import _thread_clock as thread_clock
-from aiovec import _zygote
+from aiovec._worker import thread_clock
+from aiovec._worker import zygote as _zygote
 from aiovec.async_env import AsyncEnv
 
 #: Cost of one lockstep round trip through the process backend (seconds), a conservative
@@ -41,8 +41,6 @@ from aiovec.async_env import AsyncEnv
 IPC_ROUND_TRIP = 150e-6
 #: From this many async envs on, one event loop per core beats one loop for all (W6).
 MANY_ASYNC_ENVS = 2000
-#: Below this CPU share of the step time, an env counts as waiting (IO-bound).
-WAITING_CPU_SHARE = 0.25
 MAX_WAITING_WORKERS = 64
 PROBE_SECONDS = 0.02
 PROBE_MAX_STEPS = 200
@@ -57,11 +55,8 @@ class Probe(NamedTuple):
 
     @property
     def mostly_waits(self) -> bool:
-        """Whether the env mostly waits (sleep, IO, a remote simulator): little CPU for
-        the time it could run, and it blocks about once a step or more. A computing env
-        preempted on a busy machine never blocks of its own accord, so it never counts."""
-        blocked = self.blocks_per_step is None or self.blocks_per_step >= 0.5
-        return blocked and self.cpu_share < WAITING_CPU_SHARE
+        """Whether the env mostly waits (see :func:`aiovec._worker.thread_clock.mostly_waits`)."""
+        return thread_clock.mostly_waits(self.cpu_share, self.blocks_per_step)
 
 
 def probe_step_time(env_fn: Callable[[], gym.Env]) -> Probe:

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from aiovec._host import EnvDescription
+from aiovec._worker.blocks import same_value
+from aiovec._worker.host import EnvDescription
 
 
 def refuse_custom_worker(worker: Callable[..., None]) -> None:
@@ -73,18 +74,6 @@ def check_one_value_per_block(by_env: dict[int, Any], size: int | None, name: st
                 f"{block * size + size - 1}) different values; a batched env has one "
                 "attribute for all its rows: give each block one value"
             )
-
-
-def same_value(value: Any, other: Any) -> bool:
-    """``value`` equals ``other`` (arrays element-wise); False when they cannot compare."""
-    if value is other:
-        return True
-    try:
-        if isinstance(value, np.ndarray) or isinstance(other, np.ndarray):
-            return bool(np.array_equal(value, other))
-        return bool(value == other)
-    except Exception:
-        return False
 
 
 def resolve_env_ids(env_ids: Any, num_envs: int) -> list[int]:

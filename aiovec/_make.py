@@ -10,7 +10,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import VectorizeMode
 
 from aiovec._auto import choose_block_layout
-from aiovec._blocks import BlockFactory
+from aiovec._worker.blocks import BlockFactory
 from aiovec.vector_env import VecEnv
 
 

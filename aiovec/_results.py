@@ -19,11 +19,11 @@ import numpy as np
 from gymnasium import logger
 from gymnasium.vector import AutoresetMode
 
-from aiovec._buffers import Buffers
 from aiovec._infos import add_info, batch_infos
-from aiovec._protocol import Reply
 from aiovec._scheduler import Scheduler, Ticket
-from aiovec._spaces import batch_values, copy_buffer, read_rows
+from aiovec._transport.buffers import Buffers
+from aiovec._transport.protocol import Reply
+from aiovec._transport.spaces import batch_values, copy_buffer, read_rows
 from aiovec.errors import EnvError
 
 

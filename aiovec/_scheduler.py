@@ -25,8 +25,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from aiovec._protocol import EnvCommand, Reply
 from aiovec._stats import StatsRecorder
+from aiovec._transport.protocol import EnvCommand, Reply
 from aiovec.backends._base import Backend, WorkerEvent, WorkerExit, WorkerGone
 from aiovec.errors import (
     ClosedError,

@@ -25,7 +25,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import create_empty_array
 
-from aiovec._spaces import batch_checker, is_shareable, read_rows, write_rows
+from aiovec._transport.spaces import batch_checker, is_shareable, read_rows, write_rows
 
 #: Version of the ``.npz`` layout written by :meth:`ReplayBuffer.save`.
 FORMAT_VERSION = 1

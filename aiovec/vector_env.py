@@ -36,12 +36,13 @@ from aiovec._checks import (
     resolve_env_ids,
 )
 from aiovec._construction import check_envs_per_block, check_factories, plan_backend
-from aiovec._host import EnvDescription
 from aiovec._loop import check_blocking_call
-from aiovec._protocol import Call, Reply, Reset, SetAttr, Step
 from aiovec._results import Batch, Results
 from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
-from aiovec._spaces import (
+from aiovec._split_calls import SplitCalls
+from aiovec._stats import Stats
+from aiovec._transport.protocol import Call, Reply, Reset, SetAttr, Step
+from aiovec._transport.spaces import (
     batch_checker,
     check_gymnasium_shareable,
     check_observation_mode,
@@ -50,8 +51,7 @@ from aiovec._spaces import (
     split_batch,
     write_rows,
 )
-from aiovec._split_calls import SplitCalls
-from aiovec._stats import Stats
+from aiovec._worker.host import EnvDescription
 from aiovec.backends import Hosting, backend_options, build_backend
 from aiovec.backends._base import Backend
 from aiovec.errors import (

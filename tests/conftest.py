@@ -27,8 +27,8 @@ def worker_pids(venv) -> list[int]:
 
 def worker_processes() -> set[int]:
     """Live processes below this one, except the zygote that outlives every vector env
-    by design (one per agent process, see ``aiovec._zygote``)."""
-    from aiovec import _zygote
+    by design (one per agent process, see ``aiovec._worker.zygote``)."""
+    from aiovec._worker import zygote as _zygote
     from aiovec.bench.system import descendant_pids
 
     zygote = _zygote._shared
@@ -81,7 +81,7 @@ def no_leaks():
     import gc
 
     import aiovec
-    from aiovec import _zygote
+    from aiovec._worker import zygote as _zygote
 
     _zygote.shared()  # started once per process, by design: not a leak
     aiovec.run(asyncio.sleep(0))  # the loop library's once-per-process set-up (a pipe)

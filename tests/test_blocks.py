@@ -12,7 +12,7 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import aiovec
-from aiovec._blocks import split_infos
+from aiovec._worker.blocks import split_infos
 from tests.batched import PointMassVectorEnv, point_masses
 
 pytestmark = pytest.mark.timeout(120)

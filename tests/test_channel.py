@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from aiovec._channel import Channel
+from aiovec._transport.channel import Channel
 
 
 def test_a_non_blocking_socket_with_a_full_buffer_still_sends_whole_frames():

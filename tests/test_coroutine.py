@@ -243,10 +243,10 @@ async def test_a_worker_overlaps_the_waits_of_its_async_envs():
 async def test_envs_finishing_together_are_answered_in_one_reply():
     from gymnasium.vector import AutoresetMode as Mode
 
-    from aiovec._async_server import AsyncEnvServer
-    from aiovec._buffers import build_buffers
-    from aiovec._host import EnvHost
-    from aiovec._protocol import Step
+    from aiovec._transport.buffers import build_buffers
+    from aiovec._transport.protocol import Step
+    from aiovec._worker.async_server import AsyncEnvServer
+    from aiovec._worker.host import EnvHost
 
     envs = {i: AsyncCounterEnv(i, fail_at=1 if i == 7 else None) for i in range(50)}
     host = EnvHost(envs, Mode.NEXT_STEP, None)

@@ -235,8 +235,8 @@ async def test_a_hanging_async_env_in_an_actor_is_cancelled_alone():
 
 
 def test_a_link_answers_only_the_connection_that_brings_the_token():
-    from aiovec._channel import Channel
-    from aiovec._protocol import Reset, encode
+    from aiovec._transport.channel import Channel
+    from aiovec._transport.protocol import Reset, encode
     from aiovec.backends._ray_actor import EnvActor, answer_decoder
 
     actor = ray.remote(num_cpus=0)(EnvActor).remote(

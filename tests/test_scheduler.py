@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from aiovec._protocol import ErrorInfo, Reply, Step
 from aiovec._scheduler import BUSY, IDLE, READY, Scheduler
+from aiovec._transport.protocol import ErrorInfo, Reply, Step
 from aiovec.backends._base import Backend, WorkerEvent, WorkerExit
 from aiovec.errors import EnvError, WorkerCrashedError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from aiovec._spin import EXPLORE_EVERY, SpinPolicy
+from aiovec._transport.spin import EXPLORE_EVERY, SpinPolicy
 
 
 def _wait(policy: SpinPolicy, spun_cost: float, slept_cost: float) -> bool:

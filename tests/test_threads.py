@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from aiovec._threads import EnvThreads
+from aiovec._worker.threads import EnvThreads
 
 
 async def test_calls_to_one_env_run_in_order_in_its_own_thread():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from aiovec._protocol import (
+from aiovec._transport.protocol import (
     Call,
     ErrorInfo,
     Reply,

@@ -16,10 +16,10 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec._blocks import build_host
-from aiovec._buffers import Buffers, build_buffers
-from aiovec._host import EnvBuildError, EnvDescription
-from aiovec._protocol import EnvCommand, Reply
+from aiovec._transport.buffers import Buffers, build_buffers
+from aiovec._transport.protocol import EnvCommand, Reply
+from aiovec._worker.blocks import build_host
+from aiovec._worker.host import EnvBuildError, EnvDescription
 
 
 class WorkerExit(NamedTuple):

@@ -29,14 +29,11 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec._async_server import AsyncEnvServer
 from aiovec._auto import probe_step_time
-from aiovec._blocks import build_host
-from aiovec._buffers import build_buffers
-from aiovec._channel import HEADER
-from aiovec._host import EnvBuildError, EnvHost
 from aiovec._loop import new_event_loop
-from aiovec._protocol import (
+from aiovec._transport.buffers import build_buffers
+from aiovec._transport.channel import HEADER
+from aiovec._transport.protocol import (
     Command,
     EnvCommand,
     ErrorInfo,
@@ -49,8 +46,11 @@ from aiovec._protocol import (
     undecodable_reply,
     wire_reply,
 )
-from aiovec._spaces import read_rows, write_rows
-from aiovec._threads import EnvThreads
+from aiovec._transport.spaces import read_rows, write_rows
+from aiovec._worker.async_server import AsyncEnvServer
+from aiovec._worker.blocks import build_host
+from aiovec._worker.host import EnvBuildError, EnvHost
+from aiovec._worker.threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 
 request_decoder = decoder(tuple[Union[Command, None], Any])

@@ -15,10 +15,10 @@ from typing import Any
 
 from gymnasium.vector import AutoresetMode
 
-from aiovec._async_server import CANCEL_GRACE, AsyncBlockServer, AsyncEnvServer
-from aiovec._blocks import BlockHost
 from aiovec._loop import new_event_loop
-from aiovec._protocol import EnvCommand
+from aiovec._transport.protocol import EnvCommand
+from aiovec._worker.async_server import CANCEL_GRACE, AsyncBlockServer, AsyncEnvServer
+from aiovec._worker.blocks import BlockHost
 from aiovec.async_env import AsyncEnv
 from aiovec.backends._base import LocalBackend, Wakeup, WorkerEvent
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from aiovec._protocol import EnvCommand, Reply
+from aiovec._transport.protocol import EnvCommand, Reply
 from aiovec.backends._base import LocalBackend, WorkerEvent
 
 

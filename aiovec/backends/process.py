@@ -25,13 +25,10 @@ import gymnasium as gym
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec import _zygote as zygote
-from aiovec._blocks import BlockHost, build_host
-from aiovec._buffers import Buffers, buffers_nbytes, build_buffers
-from aiovec._channel import Channel, channel_pair
-from aiovec._host import EnvBuildError, EnvDescription, EnvHost
-from aiovec._memory import SharedRegion
-from aiovec._protocol import (
+from aiovec._transport.buffers import Buffers, buffers_nbytes, build_buffers
+from aiovec._transport.channel import Channel, channel_pair
+from aiovec._transport.memory import SharedRegion
+from aiovec._transport.protocol import (
     Close,
     EnvCommand,
     ErrorInfo,
@@ -42,8 +39,11 @@ from aiovec._protocol import (
     encode,
     wire_command,
 )
-from aiovec._spin import SpinPolicy
-from aiovec._worker import worker_main
+from aiovec._transport.spin import SpinPolicy
+from aiovec._worker import zygote
+from aiovec._worker.blocks import BlockHost, build_host
+from aiovec._worker.host import EnvBuildError, EnvDescription, EnvHost
+from aiovec._worker.main import worker_main
 from aiovec.backends._base import (
     Backend,
     Wakeup,
@@ -190,7 +190,7 @@ class ProcessBackend(Backend):
             MAIN_GUARD_HINT if context in ("spawn", "forkserver") else ""
         )
         # Workers fork from a process that has already imported numpy and gymnasium, and
-        # never import the user's __main__ (see aiovec._zygote).
+        # never import the user's __main__ (see aiovec._worker.zygote).
         self._zygote = zygote.shared() if context == "zygote" else None
         # Any: typeshed's BaseContext lacks the .Process that every real context has.
         self._context: Any = None if self._zygote else multiprocessing.get_context(context)

@@ -35,11 +35,11 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec._buffers import Buffers, build_buffers
-from aiovec._channel import Channel
-from aiovec._host import EnvDescription
-from aiovec._protocol import EnvCommand, Step, encode, to_wire, wire_command
-from aiovec._spaces import read_rows, write_rows
+from aiovec._transport.buffers import Buffers, build_buffers
+from aiovec._transport.channel import Channel
+from aiovec._transport.protocol import EnvCommand, Step, encode, to_wire, wire_command
+from aiovec._transport.spaces import read_rows, write_rows
+from aiovec._worker.host import EnvDescription
 from aiovec.backends._base import (
     Backend,
     Wakeup,

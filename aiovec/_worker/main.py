@@ -25,15 +25,11 @@ from typing import cast
 import cloudpickle
 from gymnasium.vector import AutoresetMode
 
-from aiovec._async_server import AsyncEnvServer
-from aiovec._auto import WAITING_CPU_SHARE
-from aiovec._blocks import BlockHost, build_host
-from aiovec._buffers import build_buffers
-from aiovec._channel import Channel
-from aiovec._host import EnvBuildError, EnvHost, StepOutcome, error_info
 from aiovec._loop import new_event_loop
-from aiovec._memory import SharedRegion
-from aiovec._protocol import (
+from aiovec._transport.buffers import build_buffers
+from aiovec._transport.channel import Channel
+from aiovec._transport.memory import SharedRegion
+from aiovec._transport.protocol import (
     Close,
     Hello,
     Reply,
@@ -44,8 +40,12 @@ from aiovec._protocol import (
     expand_command,
     undecodable_reply,
 )
-from aiovec._spin import SpinPolicy
-from aiovec._threads import EnvThreads
+from aiovec._transport.spin import SpinPolicy
+from aiovec._worker.async_server import AsyncEnvServer
+from aiovec._worker.blocks import BlockHost, build_host
+from aiovec._worker.host import EnvBuildError, EnvHost, StepOutcome, error_info
+from aiovec._worker.thread_clock import WAITING_CPU_SHARE
+from aiovec._worker.threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 
 

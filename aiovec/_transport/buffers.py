@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from aiovec._memory import ArrayAllocator
-from aiovec._spaces import allocate, is_shareable
+from aiovec._transport.memory import ArrayAllocator
+from aiovec._transport.spaces import allocate, is_shareable
 
 
 @dataclass

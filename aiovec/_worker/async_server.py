@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
-from aiovec._blocks import BlockHost
-from aiovec._host import EnvHost, StepOutcome, error_info
-from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
+from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
+from aiovec._worker.blocks import BlockHost
+from aiovec._worker.host import EnvHost, StepOutcome, error_info
 from aiovec.errors import StepTimeoutError
 
 #: Seconds a late async env has to act on its cancellation before it is abandoned.

@@ -2,7 +2,7 @@
 
 A vector env built with ``envs_per_block=k`` has ``num_envs / k`` blocks; block ``b``
 owns the rows ``b*k .. b*k + k - 1`` of every shared buffer, and a worker hosts whole
-blocks. :class:`BlockHost` executes :mod:`aiovec._protocol` commands on them with the
+blocks. :class:`BlockHost` executes :mod:`aiovec._transport.protocol` commands on them with the
 same reply format as :class:`~aiovec._host.EnvHost`, so backends, the scheduler and the
 ready-queue treat a block's rows like any other envs.
 
@@ -28,9 +28,10 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from aiovec._buffers import Buffers
-from aiovec._checks import same_value
-from aiovec._host import (
+from aiovec._transport.buffers import Buffers
+from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
+from aiovec._transport.spaces import batch_values, copy_buffer, split_batch, write_rows
+from aiovec._worker.host import (
     EnvBuildError,
     EnvDescription,
     EnvHost,
@@ -43,8 +44,6 @@ from aiovec._host import (
     drive_async,
     error_info,
 )
-from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
-from aiovec._spaces import batch_values, copy_buffer, split_batch, write_rows
 
 
 class BlockFactory:
@@ -336,7 +335,7 @@ class BlockHost(HostState):
             progressed=progressed,
         )
 
-    # Every operation on a block is a *flow* (see aiovec._host): a generator that yields
+    # Every operation on a block is a *flow* (see aiovec._worker.host): a generator that yields
     # requests (functions of the block) and receives their results. ``_drive_block``
     # runs it here; ``execute_block_async`` awaits what async batched envs return. One
     # implementation of stepping, autoreset after restarts, and restarts for both.
@@ -697,3 +696,15 @@ def _seed_list(size: int, offsets: list[int], seeds: list[Any]) -> list[Any]:
     for offset, seed in zip(offsets, seeds):
         full[offset] = seed
     return full
+
+
+def same_value(value: Any, other: Any) -> bool:
+    """``value`` equals ``other`` (arrays element-wise); False when they cannot compare."""
+    if value is other:
+        return True
+    try:
+        if isinstance(value, np.ndarray) or isinstance(other, np.ndarray):
+            return bool(np.array_equal(value, other))
+        return bool(value == other)
+    except Exception:
+        return False

@@ -21,10 +21,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from aiovec._buffers import Buffers
-from aiovec._protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
-from aiovec._spaces import is_shareable, read_row, row_writer
-from aiovec._threads import EnvThreads
+from aiovec._transport.buffers import Buffers
+from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
+from aiovec._transport.spaces import is_shareable, read_row, row_writer
+from aiovec._worker.threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 from aiovec.errors import StepTimeoutError
 
@@ -112,7 +112,7 @@ class HostState:
 
 
 class EnvHost(HostState):
-    """Executes :mod:`aiovec._protocol` commands on ``envs`` (keyed by global env id).
+    """Executes :mod:`aiovec._transport.protocol` commands on ``envs`` (keyed by global env id).
 
     With ``env_fns`` and ``max_restarts > 0``, an env that raises in ``step`` is rebuilt
     from its factory, reset, and answers that step with its fresh observation,

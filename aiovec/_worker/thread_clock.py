@@ -10,7 +10,10 @@ read as zero and unknown, and the plain share decides.
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import Final, NamedTuple
+
+#: Below this CPU share of the time it could run, an env that blocks counts as waiting.
+WAITING_CPU_SHARE: Final = 0.25
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 _STATUS = "/proc/thread-self/status"
@@ -38,6 +41,15 @@ class Interval(NamedTuple):
         """CPU time over the time the thread could have run (queued time left out), in [0, 1]."""
         runnable = self.wall - self.queued
         return min(self.cpu / runnable, 1.0) if runnable > 0 else 1.0
+
+
+def mostly_waits(cpu_share: float, blocks_per_step: float | None) -> bool:
+    """Whether an env that used ``cpu_share`` of the time it could run, blocking in the
+    kernel ``blocks_per_step`` times a step (``None``: unknown), mostly waits (sleep,
+    IO, a remote simulator). A computing env preempted on a busy machine never blocks
+    of its own accord, so it never counts, however small its share looks."""
+    blocked = blocks_per_step is None or blocks_per_step >= 0.5
+    return blocked and cpu_share < WAITING_CPU_SHARE
 
 
 def read() -> ThreadTimes:

@@ -85,7 +85,7 @@ class Zygote:
 
     def __init__(self) -> None:
         parent_end, child_end = socket.socketpair()
-        command = f"import aiovec._zygote as z; z.serve({child_end.fileno()})"
+        command = f"import aiovec._worker.zygote as z; z.serve({child_end.fileno()})"
         self._lock = threading.Lock()
         self._sock = parent_end
         self._pid_of_owner = os.getpid()
@@ -106,7 +106,7 @@ class Zygote:
             self._process.wait()
             raise RuntimeError(
                 f"aiovec could not start its worker launcher ({sys.executable} -c 'import "
-                f"aiovec._zygote'): {exc}. The interpreter must be able to import this "
+                f"aiovec._worker.zygote'): {exc}. The interpreter must be able to import this "
                 "aiovec (see its output above); or pass context='spawn' or 'fork'"
             ) from None
         self._sock.settimeout(None)
@@ -312,7 +312,7 @@ def serve(fd: int) -> None:
     agent = socket.socket(fileno=fd)
     import gymnasium
 
-    import aiovec._worker  # noqa: F401 -- preload: numpy, gymnasium, aiovec
+    import aiovec._worker.main  # noqa: F401 -- preload: numpy, gymnasium, aiovec
 
     # SIGCHLD only wakes the loop (through this pipe); reaping happens in the loop.
     wake_read, wake_write = os.pipe()

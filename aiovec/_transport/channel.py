@@ -15,7 +15,7 @@ from multiprocessing.reduction import recvfds, sendfds
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from aiovec._spin import SpinPolicy
+    from aiovec._transport.spin import SpinPolicy
 
 HEADER = struct.Struct("<I")
 _CHUNK = 1 << 16
