@@ -45,7 +45,7 @@ from aiovec._protocol import (
     undecodable_reply,
 )
 from aiovec._spin import SpinPolicy
-from aiovec._threads import EnvThreads
+from aiovec._thread_server import ThreadedEnvServer
 from aiovec.async_env import AsyncEnv
 
 
@@ -118,11 +118,11 @@ def worker_main(
                 measure = concurrent_envs is None and len(envs) > 1 and not batched
                 if not _serve(connection, host, spin, measure):
                     return  # told to stop
-            if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
-                host.threads = EnvThreads("aiovec-env")
-                step_timeout = None
             # A BlockHost never gets here: _serve (measure=False for it) returns only on Close.
             env_host = cast(EnvHost, host)
+            if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
+                _serve_threads(connection, env_host)
+                return
             new_event_loop().run_until_complete(_serve_async(connection, env_host, step_timeout))
         finally:
             host.close()
@@ -170,6 +170,45 @@ def _serve(connection: Channel, host: EnvHost | BlockHost, spin: float, measure:
                 if cpu < WAITING_CPU_SHARE * wall:
                     return True
                 measure = False  # CPU-bound: one after the other is right
+
+
+def _serve_threads(connection: Channel, host: EnvHost) -> None:
+    """Serve blocking envs that mostly wait, a thread each (see
+    :class:`~aiovec._thread_server.ThreadedEnvServer`), until ``Close``.
+
+    This thread only receives and hands commands out; the envs' threads send the replies.
+
+    Raises:
+        EOFError: the parent closed the connection (or went away).
+        BaseException: what escaped an env's thread that was not the env's error
+            (``SystemExit`` from an env, a bug): the worker fails as a whole.
+    """
+
+    def wake_receiver() -> None:  # an env's thread failed: end the blocking receive below
+        try:
+            connection.sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
+    server = ThreadedEnvServer(host, connection.send_frames, on_failure=wake_receiver)
+    try:
+        while True:
+            try:
+                frame = connection.receive()
+            except (EOFError, OSError):
+                if server.failure is not None:
+                    raise server.failure from None
+                raise
+            command = expand_command(decode_command(frame), host.group)
+            if isinstance(command, Close):
+                return
+            failed = undecodable_reply(command)
+            if failed is not None:  # the caller's error, not the worker's: answer and go on
+                server.answer(failed)
+                continue
+            server.submit(command)
+    finally:
+        server.shutdown()
 
 
 async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float | None) -> None:
