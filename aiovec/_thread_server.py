@@ -8,8 +8,10 @@ Why not an event loop (:class:`~aiovec._async_server.AsyncEnvServer` driving
 :class:`~aiovec._threads.EnvThreads`): there a step crosses threads twice (loop -> env
 thread -> loop, the way back through the loop's self-pipe) and passes through a task, a
 future and a flush callback before its reply leaves. Here a step wakes one thread less
-and runs no loop machinery: about a third less CPU per env-step in the worker (16
-sleeping envs, 2 workers on 2 cores, see the commit that introduced this module).
+and runs no loop machinery. Measured with 16 envs sleeping 2 ms on average, 2 workers
+on 2 cores, first-ready one env at a time: worker CPU per env-step 163 -> 126 us, 0.62
+-> 0.71 of the ideal rate (medians of 5 interleaved runs). What is left is mostly the
+wake-ups themselves (a receive, a hand-off, the env's sleep), not Python.
 """
 
 from __future__ import annotations
