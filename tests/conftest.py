@@ -97,3 +97,22 @@ def no_leaks():
         gc.collect()
         time.sleep(0.05)
     assert leftovers == {}
+
+
+@pytest.fixture(params=["idle", "loaded"])
+def machine(request):
+    """The machine as it is, or with two busy processes per core beside the test (the
+    probe must tell computing from waiting envs on a loaded machine too)."""
+    import subprocess
+    import sys
+
+    hogs = []
+    if request.param == "loaded":
+        hogs = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(2 * (os.cpu_count() or 1))
+        ]
+    yield request.param
+    for hog in hogs:
+        hog.kill()
+        hog.wait()

@@ -65,25 +65,6 @@ def test_auto_backend_follows_the_cost_of_a_step():
             assert venv.inline_envs == 0
 
 
-@pytest.fixture(params=["idle", "loaded"])
-def machine(request):
-    """The machine as it is, or with two busy processes per core beside the test (the
-    probe must tell computing from waiting envs on a loaded machine too)."""
-    import subprocess
-    import sys
-
-    hogs = []
-    if request.param == "loaded":
-        hogs = [
-            subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(2 * (os.cpu_count() or 1))
-        ]
-    yield request.param
-    for hog in hogs:
-        hog.kill()
-        hog.wait()
-
-
 def test_auto_backend_shares_cheap_cpu_bound_envs_with_this_process(machine):
     """Envs cheaper than a round trip but many: cores - 1 workers and a local share."""
     from aiovec._auto import IPC_ROUND_TRIP, choose_backend

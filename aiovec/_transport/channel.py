@@ -63,6 +63,19 @@ class Channel:
             if readable:
                 self._read_available()
 
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Send ``frames`` whole, with one blocking ``sendall``, never reading.
+
+        For a thread that writes while another one blocks in :meth:`receive` (which
+        :meth:`send` would race for the read-ahead buffer): callers must never send
+        concurrently, and the other end must keep reading, or this blocks.
+
+        Raises:
+            OSError: the other end is gone.
+        """
+        pieces = [piece for frame in frames for piece in (HEADER.pack(len(frame)), frame)]
+        self.sock.sendall(b"".join(pieces))
+
     def send_soon(self, frame: bytes) -> bool:
         """Send ``frame`` without ever blocking: what the socket cannot take now waits
         in this channel, in order, until :meth:`flush` (call it when the socket is
@@ -109,7 +122,7 @@ class Channel:
 
     def receive(self, spin: SpinPolicy | None = None) -> bytes:
         """Block until the next frame arrives, first polling for as long as ``spin``
-        allows (see :class:`~aiovec._spin.SpinPolicy`: only while polling pays).
+        allows (see :class:`~aiovec._transport.spin.SpinPolicy`: only while polling pays).
 
         Raises:
             EOFError: the other end closed before a whole frame arrived.

@@ -3,7 +3,7 @@
 A vector env built with ``envs_per_block=k`` has ``num_envs / k`` blocks; block ``b``
 owns the rows ``b*k .. b*k + k - 1`` of every shared buffer, and a worker hosts whole
 blocks. :class:`BlockHost` executes :mod:`aiovec._transport.protocol` commands on them with the
-same reply format as :class:`~aiovec._host.EnvHost`, so backends, the scheduler and the
+same reply format as :class:`~aiovec._worker.host.EnvHost`, so backends, the scheduler and the
 ready-queue treat a block's rows like any other envs.
 
 Invariants:
@@ -11,7 +11,7 @@ Invariants:
 - a step addresses whole blocks (the vector env refuses anything else before sending);
 - a block autoresets itself, in its own ``metadata["autoreset_mode"]``: the vector env
   checks that this is the mode it was asked for;
-- one failure of a block is one :class:`~aiovec._protocol.ErrorInfo` that stands for
+- one failure of a block is one :class:`~aiovec._transport.protocol.ErrorInfo` that stands for
   all its rows (``ErrorInfo.env_ids``).
 """
 
@@ -82,7 +82,7 @@ def build_blocks(
     """Call each block factory (keyed by the block's first row); check that each returns
     a ``VectorEnv`` of ``envs_per_block`` envs (whose ``step`` is a coroutine function
     only with ``async_blocks``: the hosts that await). On the first failure close what
-    was built and raise :class:`~aiovec._host.EnvBuildError`."""
+    was built and raise :class:`~aiovec._worker.host.EnvBuildError`."""
     blocks: dict[int, VectorEnv] = {}
     for first_row, block_fn in block_fns.items():
         try:
@@ -129,7 +129,7 @@ def _checked_block(block: Any, envs_per_block: int) -> VectorEnv:
 
 
 def describe_block(block: VectorEnv) -> list[EnvDescription]:
-    """The :class:`~aiovec._host.EnvDescription` of each row of ``block`` (its single
+    """The :class:`~aiovec._worker.host.EnvDescription` of each row of ``block`` (its single
     spaces; its metadata says its autoreset mode)."""
     metadata = dict(block.metadata)
     metadata.setdefault("autoreset_mode", AutoresetMode.NEXT_STEP)
@@ -174,7 +174,7 @@ class BlockHost(HostState):
     With ``block_fns`` and ``max_restarts > 0``, a block that raises in ``step`` is
     rebuilt, reset, and answers for each of its rows with the fresh observation,
     ``truncated=True`` and ``info["restarted"] = True``: the same contract as
-    :class:`~aiovec._host.EnvHost` for single envs.
+    :class:`~aiovec._worker.host.EnvHost` for single envs.
     """
 
     #: Blocks are stepped one after the other by the serving thread (never in threads).

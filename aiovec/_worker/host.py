@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import traceback
 from collections.abc import Awaitable, Callable, Generator
 from functools import partial
@@ -90,17 +91,28 @@ def describe(env: gym.Env[Any, Any]) -> EnvDescription:
 class HostState:
     """What every host (single envs or blocks) keeps between commands: the seconds
     spent running envs not yet reported in a reply, and, for observation spaces not in
-    shared memory, the latest observation of each env (they travel in replies)."""
+    shared memory, the latest observation of each env (they travel in replies).
+
+    Busy time may be added and taken from several threads at once (envs stepped a
+    thread each): every second added is reported by exactly one :meth:`take_busy`."""
 
     def __init__(self, single_observation_space: gym.Space[Any]) -> None:
         self._busy = 0.0
+        # ``+=`` on an attribute is a read then a write: threads would lose updates.
+        self._busy_lock = threading.Lock()
         self._observations: dict[int, Any] | None = (
             None if is_shareable(single_observation_space) else {}
         )
 
+    def add_busy(self, seconds: float) -> None:
+        """Count ``seconds`` spent running envs (reported by the next :meth:`take_busy`)."""
+        with self._busy_lock:
+            self._busy += seconds
+
     def take_busy(self) -> float:
         """Seconds spent running envs since the last call (what a reply reports)."""
-        busy, self._busy = self._busy, 0.0
+        with self._busy_lock:
+            busy, self._busy = self._busy, 0.0
         return busy
 
     def observations_of(self, env_ids: list[int]) -> list[Any] | None:
@@ -163,10 +175,9 @@ class EnvHost(HostState):
 
     def execute(self, command: EnvCommand) -> Reply:
         """Run ``command`` on each of its envs and describe the outcome."""
-        started, busy_before = perf_counter(), self._busy
+        started = perf_counter()
         reply = self._execute(command)
-        # The whole command, once (steps timed inside it are part of it).
-        self._busy = busy_before + (perf_counter() - started)
+        self.add_busy(perf_counter() - started)  # the whole command (nothing inside is timed)
         reply.busy = self.take_busy()
         return reply
 
@@ -188,7 +199,7 @@ class EnvHost(HostState):
         but a step (async envs are stepped one by one, with :meth:`step_async`)."""
         started = perf_counter()
         reply = await self._execute_async(command)
-        self._busy += perf_counter() - started
+        self.add_busy(perf_counter() - started)
         reply.busy = self.take_busy()
         return reply
 
@@ -274,7 +285,7 @@ class EnvHost(HostState):
                     infos.append(info)
                     continue
             else:
-                outcome = self.step(env_id, action)
+                outcome = self._step(env_id, action)  # untimed: execute times the command
             infos.append(outcome.info)
             if outcome.error is not None:
                 errors.append(outcome.error)
@@ -312,7 +323,7 @@ class EnvHost(HostState):
         policy had its say)."""
         started = perf_counter()
         outcome = self._step(env_id, action)
-        self._busy += perf_counter() - started
+        self.add_busy(perf_counter() - started)
         return outcome
 
     def _step(self, env_id: int, action: Any) -> StepOutcome:
@@ -336,7 +347,7 @@ class EnvHost(HostState):
         :attr:`threads`, blocking envs stepped in a thread): thousands per loop."""
         started = perf_counter()
         outcome = await self._step_async(env_id, action)
-        self._busy += perf_counter() - started
+        self.add_busy(perf_counter() - started)
         return outcome
 
     async def _step_async(self, env_id: int, action: Any) -> StepOutcome:

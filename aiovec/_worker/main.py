@@ -41,11 +41,11 @@ from aiovec._transport.protocol import (
     undecodable_reply,
 )
 from aiovec._transport.spin import SpinPolicy
+from aiovec._worker import thread_clock
 from aiovec._worker.async_server import AsyncEnvServer
 from aiovec._worker.blocks import BlockHost, build_host
 from aiovec._worker.host import EnvBuildError, EnvHost, StepOutcome, error_info
-from aiovec._worker.thread_clock import WAITING_CPU_SHARE
-from aiovec._worker.threads import EnvThreads
+from aiovec._worker.thread_server import ThreadedEnvServer
 from aiovec.async_env import AsyncEnv
 
 
@@ -118,11 +118,11 @@ def worker_main(
                 measure = concurrent_envs is None and len(envs) > 1 and not batched
                 if not _serve(connection, host, spin, measure):
                     return  # told to stop
-            if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
-                host.threads = EnvThreads("aiovec-env")
-                step_timeout = None
             # A BlockHost never gets here: _serve (measure=False for it) returns only on Close.
             env_host = cast(EnvHost, host)
+            if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
+                _serve_threads(connection, env_host)
+                return
             new_event_loop().run_until_complete(_serve_async(connection, env_host, step_timeout))
         finally:
             host.close()
@@ -145,7 +145,10 @@ def _serve(connection: Channel, host: EnvHost | BlockHost, spin: float, measure:
     receive, send = connection.receive, connection.send
     spin_policy = SpinPolicy(spin)
     step_times: dict[int, float] = {}
-    wall = cpu = 0.0
+    # What the measured steps spent (see thread_clock: preemption is not waiting).
+    wall = cpu = queued = 0.0
+    blocks: int | None = 0
+    env_steps = 0
     while True:
         command = expand_command(decode_command(receive(spin_policy)), host.group)
         if isinstance(command, Close):
@@ -155,7 +158,7 @@ def _serve(connection: Channel, host: EnvHost | BlockHost, spin: float, measure:
             send(encode_reply(failed, host.group))
             continue
         if measure and isinstance(command, Step):
-            wall_start, cpu_start = time.perf_counter(), time.thread_time()
+            start = thread_clock.read()
         if isinstance(command, Step) and command.stream and len(command.env_ids) > 1:
             if isinstance(host, BlockHost):
                 host.stream_step(lambda reply: send(encode_reply(reply, host.group)), command)
@@ -164,17 +167,60 @@ def _serve(connection: Channel, host: EnvHost | BlockHost, spin: float, measure:
         else:
             send(encode_reply(host.execute(command), host.group))
         if measure and isinstance(command, Step):
-            wall += time.perf_counter() - wall_start
-            cpu += time.thread_time() - cpu_start
+            spent = thread_clock.since(start)
+            wall, cpu, queued = wall + spent.wall, cpu + spent.cpu, queued + spent.queued
+            blocks = None if blocks is None or spent.blocks is None else blocks + spent.blocks
+            env_steps += len(command.env_ids)
             if wall >= MEASURE_SECONDS:
-                if cpu < WAITING_CPU_SHARE * wall:
+                window = thread_clock.Interval(wall, cpu, queued, blocks)
+                per_step = None if blocks is None else blocks / env_steps
+                if thread_clock.mostly_waits(window.cpu_share, per_step):
                     return True
                 measure = False  # CPU-bound: one after the other is right
 
 
+def _serve_threads(connection: Channel, host: EnvHost) -> None:
+    """Serve blocking envs that mostly wait, a thread each (see
+    :class:`~aiovec._worker.thread_server.ThreadedEnvServer`), until ``Close``.
+
+    This thread only receives and hands commands out; the envs' threads send the replies.
+
+    Raises:
+        EOFError: the parent closed the connection (or went away).
+        BaseException: what escaped an env's thread that was not the env's error
+            (``SystemExit`` from an env, a bug): the worker fails as a whole.
+    """
+
+    def wake_receiver() -> None:  # an env's thread failed: end the blocking receive below
+        try:
+            connection.sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
+    server = ThreadedEnvServer(host, connection.send_frames, on_failure=wake_receiver)
+    try:
+        while True:
+            try:
+                frame = connection.receive()
+            except (EOFError, OSError):
+                if server.failure is not None:
+                    raise server.failure from None
+                raise
+            command = expand_command(decode_command(frame), host.group)
+            if isinstance(command, Close):
+                return
+            failed = undecodable_reply(command)
+            if failed is not None:  # the caller's error, not the worker's: answer and go on
+                server.answer(failed)
+                continue
+            server.submit(command)
+    finally:
+        server.shutdown()
+
+
 async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float | None) -> None:
     """Serve async envs: each env steps as its own task, so the worker overlaps the waits
-    of all its envs (see :class:`~aiovec._async_server.AsyncEnvServer`)."""
+    of all its envs (see :class:`~aiovec._worker.async_server.AsyncEnvServer`)."""
     loop = asyncio.get_running_loop()
 
     def emit(reply: Reply) -> None:

@@ -68,7 +68,7 @@ class Backend(abc.ABC):
     factory fails. Afterwards:
 
     - :attr:`groups` lists the env ids of each worker; :attr:`descriptions` holds an
-      :class:`~aiovec._host.EnvDescription` per env.
+      :class:`~aiovec._worker.host.EnvDescription` per env.
     - :meth:`attach` must be called once, before the first command.
     """
 

@@ -1,6 +1,6 @@
 """Coroutine backend: async envs (:class:`aiovec.AsyncEnv`) as tasks on the event loop.
 
-All envs form one group, served by an :class:`~aiovec._async_server.AsyncEnvServer` on
+All envs form one group, served by an :class:`~aiovec._worker.async_server.AsyncEnvServer` on
 the loop that drives the vector env: the running loop for the async API, a private one
 for the synchronous API. Step timeouts are enforced per env by the server: a late env
 is cancelled alone (and rebuilt under the restart policy) while the others go on.

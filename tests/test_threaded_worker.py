@@ -1,0 +1,176 @@
+"""A worker of blocking envs that mostly wait serves each env from a thread of its own
+(aiovec._worker.thread_server): every command, not only steps, keeps its guarantees there."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import aiovec
+from tests.envs import CounterEnv
+from tests.faulty import FaultyEnv
+
+# concurrent_envs=True: the envs are served by threads from the first command on.
+THREADED = {"num_workers": 1, "concurrent_envs": True}
+
+
+def _thread_name(env) -> str:
+    return threading.current_thread().name
+
+
+class ExitingEnv(CounterEnv):
+    """Raises SystemExit on its second step: not an env error, the worker must fail."""
+
+    def step(self, action):
+        if self.count == 1:
+            raise SystemExit(3)
+        return super().step(action)
+
+
+class TextObservationEnv(CounterEnv):
+    """Observations that are not in shared memory (they travel in replies)."""
+
+    def __init__(self, env_index: int = 0, delay_range=None) -> None:
+        super().__init__(env_index, delay_range=delay_range)
+        self.observation_space = gym.spaces.Sequence(gym.spaces.Discrete(1000))
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed, options=options)
+        return (self.env_index, 0), info
+
+    def step(self, action):
+        _, *rest = super().step(action)
+        return (self.env_index, self.count), *rest
+
+
+def test_every_command_of_an_env_runs_in_that_envs_thread():
+    with aiovec.VecEnv([partial(CounterEnv, i) for i in range(3)], **THREADED) as venv:
+        observations, _ = venv.reset(seed=0)
+        assert observations[:, 0].tolist() == [0, 1, 2]
+        assert venv.apply(_thread_name) == ("aiovec-env-0", "aiovec-env-1", "aiovec-env-2")
+        venv.step(np.zeros(3, dtype=np.int64))
+        assert venv.get_attr("count") == (1, 1, 1)
+        venv.set_attr("count", [10, 20, 30])
+        observations, *_ = venv.step(np.zeros(3, dtype=np.int64))
+        assert observations[:, 1].tolist() == [11, 21, 31]
+        assert venv.call("count", env_ids=[2, 0]) == (31, 11)
+
+
+async def test_commands_to_one_env_run_in_the_order_sent():
+    """A call sent while the env's step is in flight runs after that step; a step sent
+    after a set_attr sees the value set."""
+    env_fns = [partial(CounterEnv, i, delay=0.05) for i in range(2)]
+    async with aiovec.VecEnv(env_fns, **THREADED) as venv:
+        await venv.areset()
+        venv.send(np.zeros(1, dtype=np.int64), env_ids=[0])
+        assert await venv.acall("count", env_ids=[0]) == (1,)  # after the step in flight
+        batch = await venv.recv()
+        assert batch.env_ids.tolist() == [0] and batch.observations[0, 1] == 1
+        await venv.aset_attr("count", 100, env_ids=[1])
+        observations, *_ = await venv.astep(np.zeros(2, dtype=np.int64))
+        assert observations[:, 1].tolist() == [2, 101]
+
+
+async def test_first_ready_results_keep_each_envs_order_under_load():
+    """Many first-ready steps of envs with random delays: every result arrives once,
+    and each env's counter goes up by exactly one per result."""
+    env_fns = [partial(CounterEnv, i, delay_range=(0.0, 0.003)) for i in range(6)]
+    async with aiovec.VecEnv(env_fns, num_workers=2, concurrent_envs=True) as venv:
+        await venv.areset()
+        venv.send(np.zeros(6, dtype=np.int64))
+        expected = [1] * 6
+        for _ in range(300):
+            batch = await venv.recv(max_envs=2)
+            for env_id, observation in zip(batch.env_ids.tolist(), batch.observations):
+                assert observation.tolist() == [env_id, expected[env_id]]
+                expected[env_id] += 1
+            venv.send(np.zeros(len(batch.env_ids), dtype=np.int64), batch.env_ids)
+        await venv.recv(min_envs=6)
+
+
+def test_an_env_that_raises_fails_alone_while_the_others_step():
+    env_fns = [partial(CounterEnv, 0, delay=0.01), partial(FaultyEnv, 1, "raise")]
+    env_fns.append(partial(CounterEnv, 2, delay=0.01))
+    with aiovec.VecEnv(env_fns, **THREADED) as venv:
+        venv.reset()
+        venv.step(np.zeros(3, dtype=np.int64))
+        with pytest.raises(aiovec.EnvError, match="simulator diverged") as caught:
+            venv.step(np.zeros(3, dtype=np.int64))
+        assert caught.value.env_index == 1
+        assert venv.call("count", env_ids=[0, 2]) == (2, 2)  # stepped meanwhile
+        venv.send(np.zeros(3, dtype=np.int64))  # env 1 still answers (its next step works)
+        batch = aiovec.run(venv.recv(min_envs=3))
+        assert sorted(batch.env_ids.tolist()) == [0, 1, 2]
+
+
+def test_a_failed_env_is_rebuilt_in_its_own_thread():
+    env_fns = [partial(FaultyEnv, 0, "raise", at_step=2), partial(CounterEnv, 1, delay=0.01)]
+    with aiovec.VecEnv(env_fns, on_failure="restart", **THREADED) as venv:
+        venv.reset()
+        venv.step(np.zeros(2, dtype=np.int64))
+        observations, _, _, truncated, infos = venv.step(np.zeros(2, dtype=np.int64))
+        assert truncated.tolist() == [True, False]
+        assert infos["restarted"].tolist()[0] is True
+        assert observations[:, 1].tolist() == [0, 2]  # env 0 fresh, env 1 stepped on
+        assert venv.apply(_thread_name) == ("aiovec-env-0", "aiovec-env-1")
+        assert venv.restart_counts[0] == 1
+
+
+def test_systemexit_from_an_env_fails_its_worker_as_a_crash():
+    env_fns = [partial(ExitingEnv, 0), partial(CounterEnv, 1)]
+    with aiovec.VecEnv(env_fns, **THREADED) as venv:
+        venv.reset()
+        venv.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(aiovec.WorkerCrashedError, match="exit code 1"):
+            venv.step(np.zeros(2, dtype=np.int64))
+
+
+def test_an_argument_the_worker_cannot_unpickle_fails_only_that_call(monkeypatch):
+    ghost = types.ModuleType("aiovec_ghost_threads")
+
+    class Level:
+        pass
+
+    Level.__module__ = ghost.__name__  # a class only this process can import
+    Level.__qualname__ = "Level"
+    ghost.Level = Level
+    monkeypatch.setitem(sys.modules, ghost.__name__, ghost)
+    with aiovec.VecEnv([partial(CounterEnv, i) for i in range(2)], **THREADED) as venv:
+        venv.reset()
+        with pytest.raises(TypeError, match="could not be unpickled"):
+            venv.set_attr("level", Level())
+        assert venv.call("env_index") == (0, 1)
+        venv.step(np.zeros(2, dtype=np.int64))
+
+
+async def test_observations_that_travel_in_replies_belong_to_their_env():
+    env_fns = [partial(TextObservationEnv, i, delay_range=(0.0, 0.002)) for i in range(4)]
+    async with aiovec.VecEnv(env_fns, **THREADED) as venv:
+        await venv.areset()
+        venv.send(np.zeros(4, dtype=np.int64))
+        counts = [1] * 4
+        for _ in range(60):
+            batch = await venv.recv(max_envs=1)
+            (env_id,) = batch.env_ids.tolist()
+            assert tuple(batch.observations[0]) == (env_id, counts[env_id])
+            counts[env_id] += 1
+            venv.send(np.zeros(1, dtype=np.int64), batch.env_ids)
+        await venv.recv(min_envs=4)
+
+
+def test_env_time_is_reported_from_the_threads():
+    env_fns = [partial(CounterEnv, i, delay=0.01) for i in range(4)]
+    with aiovec.VecEnv(env_fns, **THREADED) as venv:
+        venv.reset()
+        for _ in range(5):
+            venv.step(np.zeros(4, dtype=np.int64))
+        stats = venv.stats()
+        # Four envs sleeping at least 10 ms five times each: at least 0.2 s of env time,
+        # however the threads' additions interleave.
+        assert stats.env_time >= 0.2
