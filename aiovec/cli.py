@@ -51,7 +51,8 @@ def bench(args: argparse.Namespace) -> int:
         for workload in selected:
             results.append(suite.run_workload(workload, args.seconds, args.repeats, describe))
         if any(key.lower() == "memory" for key in keys):
-            memory = suite.run_memory(progress=describe)
+            # --num-envs counts here too (its first value); 64 envs otherwise.
+            memory = suite.run_memory(counts[0] or 64, progress=describe)
         replay = None
         if any(key.lower() == "replay" for key in keys):
             from aiovec.bench.replay import run_replay
@@ -200,7 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
         "insert/sample rates) (default: %(default)s)",
     )
     bench_parser.add_argument("--env-id", default=None, help="env id for W1 (default CartPole-v1)")
-    bench_parser.add_argument("--num-envs", default=None, help="comma-separated env counts")
+    bench_parser.add_argument(
+        "--num-envs",
+        default=None,
+        help="comma-separated env counts instead of each workload's own (memory: the first)",
+    )
     bench_parser.add_argument("--seconds", type=float, default=0.4, help="length of one window")
     bench_parser.add_argument("--repeats", type=int, default=3, help="windows per contender")
     bench_parser.add_argument("--out", default="bench-results", help="output folder")

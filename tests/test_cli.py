@@ -42,6 +42,8 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     rates = {r["name"]: r["median_steps_per_s"] for r in data["workloads"][0]["results"]}
     assert rates["aiovec inline"] > 0 and rates["gymnasium SyncVectorEnv"] > 0
     assert {m["name"] for m in data["memory"]} >= {"aiovec process", "gymnasium AsyncVectorEnv"}
+    assert {m["num_envs"] for m in data["memory"]} == {2}  # --num-envs counts for memory too
+    assert "### Memory: 2 CartPole-v1 envs" in result.stdout
     w6_rates = {r["name"]: r["median_steps_per_s"] for r in data["workloads"][2]["results"]}
     assert w6_rates["bare asyncio tasks, one loop (floor: no env runtime)"] > 0
     # the targets checker reads the same results

@@ -67,8 +67,9 @@ async def test_two_tasks_receiving_at_once_both_finish(backend):
 
 
 @pytest.mark.parametrize("closing", ["close", "aclose"])
-async def test_closing_wakes_every_waiting_task(backend, closing):
-    venv = aiovec.VecEnv(counter_envs(2, delay=5), backend="process")
+async def test_closing_wakes_every_waiting_task(closing):
+    # Workers mid-step for 5 s: aclose() waits close_timeout for them, then kills them.
+    venv = aiovec.VecEnv(counter_envs(2, delay=5), backend="process", close_timeout=0.5)
     await venv.areset()
     venv.send([0, 0])
     waiters = [asyncio.ensure_future(venv.recv()) for _ in range(3)]

@@ -80,7 +80,8 @@ def workload_table(result: WorkloadResult) -> str:
 
 def memory_table(results: list[MemoryResult]) -> str:
     reference = next((r.bytes for r in results if r.name == ASYNC), None)
-    lines = ["### Memory: 64 CartPole-v1 envs, all processes (proportional set size)", ""]
+    count = results[0].num_envs if results else 64
+    lines = [f"### Memory: {count} CartPole-v1 envs, all processes (proportional set size)", ""]
     lines += ["| contender | MiB | vs Async |", "|---|---|---|"]
     for entry in results:
         lines.append(

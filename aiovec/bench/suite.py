@@ -162,6 +162,7 @@ def breakdown(windows: list[Any]) -> dict[str, float] | None:
 class MemoryResult:
     name: str
     bytes: int
+    num_envs: int = 64
 
 
 def run_memory(num_envs: int = 64, progress: Progress = print) -> list[MemoryResult]:
@@ -180,7 +181,9 @@ def run_memory(num_envs: int = 64, progress: Progress = print) -> list[MemoryRes
             new = [pid for pid in system.descendant_pids() if pid not in existing]
             after = system.proportional_memory([os.getpid()])
             results.append(
-                MemoryResult(contender.name, after - before + system.proportional_memory(new))
+                MemoryResult(
+                    contender.name, after - before + system.proportional_memory(new), num_envs
+                )
             )
         finally:
             contender.close()
