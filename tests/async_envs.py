@@ -87,7 +87,14 @@ class StubbornAsyncEnv(AsyncCounterEnv):
         return await super().step(action)
 
     async def close(self):
+        StubbornAsyncEnv.closes_begun += 1
         await _ignore_cancellation(STUBBORN_SECONDS)
+        StubbornAsyncEnv.closes_ended += 1
+
+    #: How many closes (of any instance in this process) began and ended: a close that
+    #: aiovec abandoned at its close_timeout has begun and not ended.
+    closes_begun = 0
+    closes_ended = 0
 
 
 STUBBORN_SECONDS = 4.0

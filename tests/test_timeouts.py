@@ -46,8 +46,13 @@ async def test_aclose_is_bounded_by_close_timeout_with_stubborn_envs():
     await venv.areset()
     venv.send([0, 0])
     await asyncio.sleep(0.05)
+    begun, ended = StubbornAsyncEnv.closes_begun, StubbornAsyncEnv.closes_ended
     await asyncio.wait_for(venv.aclose(), BOUND)  # the runners ignore their cancellation
     assert venv.closed
+    # Bounded by close_timeout, not by the envs: aclose returned while both envs' close
+    # (which ignores cancellation for STUBBORN_SECONDS) still ran, abandoned.
+    assert StubbornAsyncEnv.closes_begun - begun == 2
+    assert StubbornAsyncEnv.closes_ended == ended
 
 
 class SigtermProofEnv(CounterEnv):

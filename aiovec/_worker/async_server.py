@@ -93,11 +93,13 @@ class AsyncEnvServer:
                     command, position = queue[0]
                     if self._step_timeout is None:
                         result = await self._start(env_id, command, position)
+                        if self.runners.get(env_id) is not asyncio.current_task():
+                            return  # retired meanwhile (its env swallowed the cancellation)
                         self._finish(command, position, result, loop)
                     else:
                         await self._execute_in_time(env_id, command, position, loop)
                         if self.runners.get(env_id) is not asyncio.current_task():
-                            return  # abandoned: a successor answered and serves the env
+                            return  # abandoned (a successor answered), or retired
                     queue.popleft()
                 if not self.park:
                     return
@@ -285,12 +287,16 @@ class AsyncBlockServer:
                 command, where = queue[0]
                 if isinstance(command, Step):
                     reply = await self.host.execute_block_async(command, first_row, where)
+                    if self.runners.get(first_row) is not asyncio.current_task():
+                        return  # retired meanwhile (its block swallowed the cancellation)
                     queue.popleft()
                     self._emit(reply)
                     continue
                 blocks = self.host.blocks_of(command.env_ids)
                 index = cast(int, where)
                 outcome = await self.host.execute_block_async(command, first_row, blocks[index][1])
+                if self.runners.get(first_row) is not asyncio.current_task():
+                    return  # retired meanwhile
                 queue.popleft()
                 remaining, outcomes = self._gathering[command.seq]
                 outcomes[index] = outcome
@@ -338,10 +344,20 @@ async def close_after(
         if inspect.isawaitable(result):
             closes.append(result)
     if closes:
-        try:
-            await asyncio.wait_for(asyncio.gather(*closes, return_exceptions=True), timeout)
-        except asyncio.TimeoutError:
-            pass  # envs that take longer are abandoned
+        # Not wait_for: on timeout it waits for the cancelled closes to end, and a close
+        # that ignores its cancellation would hold aclose() for as long as it likes.
+        tasks = [asyncio.ensure_future(close) for close in closes]
+        for task in tasks:
+            task.add_done_callback(_forget_outcome)
+        _, late = await asyncio.wait(tasks, timeout=timeout)
+        for task in late:  # abandoned: cancelled, and nobody waits for them to end
+            task.cancel()
+
+
+def _forget_outcome(task: asyncio.Future[Any]) -> None:
+    # Closing ignores errors: retrieve them so that asyncio does not log them as lost.
+    if not task.cancelled():
+        task.exception()
 
 
 def _lost(env_id: int, command: EnvCommand) -> ErrorInfo:
