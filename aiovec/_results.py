@@ -48,17 +48,18 @@ def log_failures(failures: Iterable[BaseException], raised: BaseException) -> No
     """Log the env errors of one failed call as Gymnasium's ``AsyncVectorEnv`` does:
     each failed env's message and traceback, ``raised`` last (it is the one raised),
     then that it is raised. Errors that did not come from an env (a crashed worker, a
-    timeout) are not logged: Gymnasium has nothing to log for them either."""
+    timeout) are not logged: Gymnasium has nothing to log for them either; when such an
+    error is the one raised, the env errors are logged without the closing line (the
+    last one logged is not what is raised)."""
     ordered = [e for e in dict.fromkeys(failures) if e is not raised] + [raised]
     env_errors = [error for error in ordered if isinstance(error, EnvError)]
-    if not env_errors:
-        return
     for error in env_errors:
         logger.error(
             f"Received the following error from Worker-{error.env_index} - Shutting it down"
         )
         logger.error(error.worker_traceback or f"{error.exc_type}: {error.exc_message}\n")
-    logger.error("Raising the last exception back to the main process.")
+    if isinstance(raised, EnvError):
+        logger.error("Raising the last exception back to the main process.")
 
 
 class Results:

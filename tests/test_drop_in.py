@@ -186,6 +186,26 @@ def test_every_env_failing_in_a_step_is_logged_and_the_raised_one_last(api):
     assert "Raising the last exception back to the main process." in messages[4]
 
 
+def test_a_crash_raised_with_env_errors_logs_them_without_claiming_it_raises_them():
+    import warnings
+
+    from aiovec._results import log_failures
+    from aiovec.errors import EnvError, WorkerCrashedError
+
+    crash = WorkerCrashedError(0, [0], -9)
+    env_error = EnvError.create(1, "step", "ValueError", "bad", "Traceback ...\n", "builtins")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        log_failures([crash, env_error], crash)
+    messages = _messages(caught)
+    assert len(messages) == 2 and "Worker-1" in messages[0], messages
+    assert not [m for m in messages if "Raising the last exception" in m]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        log_failures([crash], crash)
+    assert _messages(caught) == []
+
+
 def test_errors_that_are_not_raised_are_not_logged():
     import warnings
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
+import time
 import types
 from functools import partial
 
@@ -174,3 +176,43 @@ def test_env_time_is_reported_from_the_threads():
         # Four envs sleeping at least 10 ms five times each: at least 0.2 s of env time,
         # however the threads' additions interleave.
         assert stats.env_time >= 0.2
+
+
+class LoggingEnv(CounterEnv):
+    """Appends ``"<env> step start"``, ``"<env> step end"`` and ``"<env> close"`` to
+    ``log`` (a file: the env lives in a worker process)."""
+
+    def __init__(self, env_index: int = 0, log: str = "", slow: float = 0.0) -> None:
+        super().__init__(env_index)
+        self.log, self.slow = log, slow
+
+    def _write(self, line: str) -> None:
+        with open(self.log, "a") as log:
+            log.write(f"{self.env_index} {line}\n")
+
+    def step(self, action):
+        self._write("step start")
+        if self.count >= 1:
+            time.sleep(self.slow)
+        self._write("step end")
+        return super().step(action)
+
+    def close(self):
+        self._write("close")
+
+
+async def test_close_waits_for_the_step_each_env_is_in(tmp_path):
+    log = tmp_path / "envs.log"
+    env_fns = [partial(LoggingEnv, i, log=str(log), slow=0.3 * (i == 1)) for i in range(3)]
+    venv = aiovec.VecEnv(env_fns, close_timeout=10, **THREADED)
+    await venv.areset()
+    await venv.astep(np.zeros(3, dtype=np.int64))
+    venv.send(np.zeros(3, dtype=np.int64))  # env 1 is now in a slow step
+    await asyncio.sleep(0.05)
+    await venv.aclose()
+    lines = log.read_text().splitlines()
+    # No env is closed while its own thread is still inside a step of it.
+    for env in range(3):
+        mine = [line.split(" ", 1)[1] for line in lines if line.startswith(f"{env} ")]
+        assert mine[-1] == "close", mine
+        assert mine[:-1] == ["step start", "step end"] * (len(mine[:-1]) // 2), mine

@@ -208,6 +208,10 @@ def _serve_threads(connection: Channel, host: EnvHost) -> None:
                 raise
             command = expand_command(decode_command(frame), host.group)
             if isinstance(command, Close):
+                # Let each env finish the call it is in before the envs are closed (as a
+                # worker serving envs in turn does); what is still queued is dropped.
+                server.shutdown()
+                server.join()
                 return
             failed = undecodable_reply(command)
             if failed is not None:  # the caller's error, not the worker's: answer and go on

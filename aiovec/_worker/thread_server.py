@@ -71,14 +71,17 @@ class ThreadedEnvServer:
         self._sending = False  # a thread is sending the outbox: others leave theirs to it
         self._gathering: dict[int, list[Reply | None]] = {}  # seq -> each env's part
         self._queues: dict[int, queue.SimpleQueue[_Request | None]] = {}
+        self._threads: list[threading.Thread] = []
         for env_id in host.envs:
             requests = self._queues[env_id] = queue.SimpleQueue()
-            threading.Thread(
+            thread = threading.Thread(
                 target=self._serve_env,
                 args=(env_id, requests),
                 name=f"{name}-{env_id}",
                 daemon=True,  # an env blocked forever cannot keep the process alive
-            ).start()
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def submit(self, command: EnvCommand) -> None:
         """Queue each env's part of ``command`` in that env's thread (call from one
@@ -101,6 +104,14 @@ class ThreadedEnvServer:
         self._closed = True
         for requests in self._queues.values():
             requests.put(None)
+
+    def join(self) -> None:
+        """Wait until every env's thread has ended (after :meth:`shutdown`): an env is
+        then never closed while its own thread is still inside one of its calls. An env
+        that never returns keeps this waiting; the agent kills the worker at its
+        ``close_timeout``."""
+        for thread in self._threads:
+            thread.join()
 
     # --- in the envs' threads ----------------------------------------------------------
 
