@@ -494,15 +494,7 @@ class BlockHost(HostState):
             elif outcome is not None:
                 for position in positions:
                     results[position] = outcome[env_ids[position] - first_row]
-        is_reset = isinstance(command, Reset)
-        return Reply(
-            seq=command.seq,
-            env_ids=env_ids,
-            infos=results if is_reset and any(results) else None,
-            values=results if isinstance(command, Call) else None,
-            observations=self.observations_of(env_ids) if is_reset else None,
-            errors=errors or None,
-        )
+        return self.control_reply(command, results, errors)
 
     def _reset_flow(self, first_row: int, command: Reset, positions: Sequence[int]) -> Flow:
         """Reset the block's rows at ``positions`` of ``command``: all of them, or (a

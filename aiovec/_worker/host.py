@@ -122,6 +122,23 @@ class HostState:
             return None
         return [self._observations.get(env_id) for env_id in env_ids]
 
+    def control_reply(
+        self, command: EnvCommand, results: list[Any], errors: list[ErrorInfo]
+    ) -> Reply:
+        """The reply to a reset, call or set_attr: ``results`` in ``command``'s env order
+        (reset infos, call values), the errors of the envs that failed, and after a
+        reset the observations that travel in replies."""
+        env_ids = command.env_ids
+        is_reset = isinstance(command, Reset)
+        return Reply(
+            seq=command.seq,
+            env_ids=env_ids,
+            infos=results if is_reset and any(results) else None,
+            values=results if isinstance(command, Call) else None,
+            observations=self.observations_of(env_ids) if is_reset else None,
+            errors=errors or None,
+        )
+
 
 class EnvHost(HostState):
     """Executes :mod:`aiovec._transport.protocol` commands on ``envs`` (keyed by global env id).
@@ -192,7 +209,7 @@ class EnvHost(HostState):
                 results[position] = self._drive(env_id, flow)
             except Exception as exc:
                 errors.append(error_info(env_id, operation, exc))
-        return self._reply(command, results, errors)
+        return self.control_reply(command, results, errors)
 
     async def execute_async(self, command: EnvCommand) -> Reply:
         """:meth:`execute` for envs whose methods may return awaitables, for any command
@@ -212,7 +229,7 @@ class EnvHost(HostState):
                 results[position] = await self._drive_async(env_id, flow)
             except Exception as exc:
                 errors.append(error_info(env_id, operation, exc))
-        return self._reply(command, results, errors)
+        return self.control_reply(command, results, errors)
 
     def step_all(self, command: Step) -> Reply:
         """Step every env of ``command`` one after the other: :meth:`step` for each, with
@@ -431,18 +448,6 @@ class EnvHost(HostState):
             request = methodcaller("set_wrapper_attr", command.name, value)
             return f"set_attr {command.name}", _single(request)
         raise TypeError(f"unexpected command {command!r}")
-
-    def _reply(self, command: EnvCommand, results: list[Any], errors: list[ErrorInfo]) -> Reply:
-        env_ids = command.env_ids
-        is_reset = isinstance(command, Reset)
-        return Reply(
-            seq=command.seq,
-            env_ids=env_ids,
-            infos=results if is_reset and any(results) else None,
-            values=results if isinstance(command, Call) else None,
-            observations=self.observations_of(env_ids) if is_reset else None,
-            errors=errors or None,
-        )
 
     def notify_restart(self, reason: str, env_ids: list[int] | None = None) -> None:
         """The next step of each of ``env_ids`` (default: all) reports a restart: their
