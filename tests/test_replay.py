@@ -426,14 +426,23 @@ def test_actions_are_checked_against_the_action_space():
         discrete.reset(np.zeros((2, 3), np.float32))
 
 
-def test_one_number_per_env_for_a_one_element_box_is_stored_as_its_row():
+@pytest.mark.parametrize(
+    "space, actions, rows",
+    [
+        (spaces.Box(-1, 1, (1,)), [0.5, -0.5], [[0.5], [-0.5]]),
+        (spaces.MultiDiscrete([3]), [2, 1], [[2], [1]]),
+        (spaces.MultiBinary(1), [1, 0], [[1], [0]]),
+    ],
+    ids=["box", "multidiscrete", "multibinary"],
+)
+def test_one_number_per_env_for_a_one_element_space_is_stored_as_its_row(space, actions, rows):
     # As VecEnv takes it (Gymnasium's iterate does): [0.5, -0.5] for Box((1,)) is one
     # action per env, stored as rows of the action space.
-    buffer = ReplayBuffer(8, OBS, spaces.Box(-1, 1, (1,)), num_envs=2)
+    buffer = ReplayBuffer(8, OBS, space, num_envs=2)
     buffer.reset(np.zeros((2, 2), np.float32))
-    buffer.sent([0.5, -0.5])
+    buffer.sent(actions)
     buffer.received((np.ones((2, 2), np.float32), np.zeros(2), *[np.zeros(2, bool)] * 2, {}))
-    assert buffer.actions[:2].tolist() == [[0.5], [-0.5]]
+    assert buffer.actions[:2].tolist() == rows
 
 
 def test_save_and_load_use_the_exact_path(tmp_path):

@@ -323,10 +323,21 @@ def test_envs_receive_the_callers_actions_unchanged(backend, action_space, actio
             np.array([0.5, 0.25], np.float32),
             [("float32", "float32", 0.5), ("float32", "float32", 0.25)],
         ),
+        (spaces.MultiDiscrete([3]), [2, 0], [("int64", "int64", 2), ("int64", "int64", 0)]),
+        (
+            spaces.MultiDiscrete([[4]], start=[[1]]),
+            np.array([4, 1], np.int32),
+            [("int32", "int32", 4), ("int32", "int32", 1)],
+        ),
+        (
+            spaces.MultiBinary(1),
+            np.array([1, 0], np.int8),
+            [("int8", "int8", 1), ("int8", "int8", 0)],
+        ),
     ],
-    ids=["list-of-ints", "float32-for-1x1"],
+    ids=["list-of-ints", "float32-for-1x1", "multidiscrete", "multidiscrete-1x1", "multibinary"],
 )
-def test_one_number_per_env_for_a_one_element_box_reaches_each_env_as_passed(
+def test_one_number_per_env_for_a_one_element_space_reaches_each_env_as_passed(
     backend, space, actions, expected
 ):
     # Gymnasium iterates a batch of [0, 1] over Box((1,)) as one number per env; aiovec
@@ -336,6 +347,25 @@ def test_one_number_per_env_for_a_one_element_box_reaches_each_env_as_passed(
         venv.step(actions)
         received = [actions[-1] for actions in venv.get_attr("received")]
     assert received == expected
+
+
+@pytest.mark.parametrize(
+    "space, actions, message",
+    [
+        (spaces.MultiDiscrete([3]), [0, 3], r"values \[3\] are outside"),
+        (spaces.MultiDiscrete([[4]], start=[[1]]), [0, 2], r"values \[0\] are outside"),
+        (spaces.MultiBinary(1), [1, 2], r"values \[2\] are outside"),
+        (spaces.MultiBinary(1), [0.0, 1.0], "expected integers"),
+        (spaces.MultiDiscrete([3]), [0, 1, 2], r"expected shape \(2, 1\)"),
+    ],
+    ids=["above", "below-start", "binary", "floats", "length"],
+)
+def test_one_number_per_env_is_still_checked(backend, space, actions, message):
+    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        with pytest.raises((ValueError, TypeError), match=message):
+            venv.step(actions)
+        assert venv.get_attr("received") == ([], [])  # nothing reached an env
 
 
 def test_a_flat_batch_for_a_box_of_several_elements_is_still_refused(backend):

@@ -324,9 +324,7 @@ def batch_checker(space: spaces.Space[Any], path: str = "actions") -> Callable[[
 @batch_checker.register(spaces.Box)
 def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int], Checked]:
     shape, dtype = space.shape, space.dtype
-    # One number per env for a one-element Box is unambiguous, and Gymnasium takes it
-    # (its iterate hands env i the number batch[i]): so do we, by value, as passed.
-    one_element = shape != () and math.prod(shape) == 1
+    one_element = _has_one_element(shape)
 
     def check(batch: Any, count: int) -> Checked:
         array = np.asarray(batch)
@@ -356,11 +354,16 @@ def _discrete_checker(
         low, high = space.start, space.start + space.nvec - 1  # per-element arrays
     else:
         low, high = 0, 1
+    one_element = _has_one_element(shape)
+    if one_element and not isinstance(low, int):  # compare flat batches with plain bounds
+        low, high = int(np.ravel(low)[0]), int(np.ravel(high)[0])
     scalar_bounds = isinstance(low, int)
 
     def check(batch: Any, count: int) -> Checked:
         array = np.asarray(batch)  # the caller's values: checked before any cast
-        _check_shape(array, count, shape, space, path)
+        flat = one_element and array.shape == (count,)
+        if not flat:
+            _check_shape(array, count, shape, space, path)
         if array.dtype.kind not in "biu":
             raise TypeError(
                 f"{path}: expected integers for {space}, got dtype {array.dtype}; "
@@ -374,9 +377,18 @@ def _discrete_checker(
         if not in_range:
             bad = array[(array < low) | (array > high)]
             raise ValueError(f"{path}: values {bad[:5].tolist()} are outside {space}")
-        return array, array.dtype == dtype
+        return array, array.dtype == dtype and not flat
 
     return check
+
+
+def _has_one_element(shape: tuple[int, ...]) -> bool:
+    """Whether a space of ``shape`` holds one number, though in an array (``Box(0, 1,
+    (1,))``, ``MultiDiscrete([3])``, ``MultiBinary(1)``): a batch of such actions may
+    then come as one number per env, shape ``(count,)``. That cannot mean anything else,
+    and Gymnasium takes it (its ``iterate`` hands env i the number ``batch[i]``): so
+    does aiovec, by value, each env getting its number as passed."""
+    return shape != () and math.prod(shape) == 1
 
 
 def _check_shape(
