@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,6 +56,38 @@ async def test_aclose_is_bounded_by_close_timeout_with_stubborn_envs():
     # (which ignores cancellation for STUBBORN_SECONDS) still ran, abandoned.
     assert StubbornAsyncEnv.closes_begun - begun == 2
     assert StubbornAsyncEnv.closes_ended == ended
+
+
+ABANDONED_CLOSE_SCRIPT = """
+import aiovec
+from functools import partial
+from tests.async_envs import StubbornAsyncEnv
+venv = aiovec.VecEnv(
+    [partial(StubbornAsyncEnv, i, stubborn_at=1) for i in range(2)],
+    backend="coroutine", close_timeout=0.2,
+)
+venv.reset()
+venv.send([0, 0])
+venv.close()
+print("closed")
+"""
+
+
+def test_an_abandoned_close_is_reported_once_in_aiovecs_words():
+    # The sync API closes aiovec's own loop over the abandoned closes: asyncio would
+    # print "Task was destroyed but it is pending!" per env at exit.
+    result = subprocess.run(
+        [sys.executable, "-c", ABANDONED_CLOSE_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "closed"
+    assert "2 env close() call(s) did not finish within close_timeout=0.2 s" in result.stderr
+    assert "abandoned" in result.stderr
+    assert "Task was destroyed" not in result.stderr
 
 
 class SigtermProofEnv(CounterEnv):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
@@ -20,6 +21,8 @@ from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step,
 from aiovec._worker.blocks import BlockHost
 from aiovec._worker.host import EnvHost, StepOutcome, error_info
 from aiovec.errors import StepTimeoutError
+
+logger = logging.getLogger("aiovec")
 
 #: Seconds a late async env has to act on its cancellation before it is abandoned.
 CANCEL_GRACE = 0.1
@@ -352,6 +355,17 @@ async def close_after(
         _, late = await asyncio.wait(tasks, timeout=timeout)
         for task in late:  # abandoned: cancelled, and nobody waits for them to end
             task.cancel()
+            # Said once, here, in aiovec's words: not again as asyncio's "Task was
+            # destroyed but it is pending!" when a loop closes over the abandoned close.
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+        if late:
+            logger.warning(
+                "%d env close() call(s) did not finish within close_timeout=%s s and "
+                "ignore cancellation: abandoned (an async env's close should return "
+                "promptly when cancelled)",
+                len(late),
+                timeout,
+            )
 
 
 def _forget_outcome(task: asyncio.Future[Any]) -> None:
