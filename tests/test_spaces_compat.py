@@ -280,7 +280,7 @@ def test_a_scalar_action_for_a_vector_env_is_a_type_error(backend, action_space)
         ),
         (
             spaces.Box(0, 255, (1,), np.uint8),
-            [[300], [7]],
+            np.array([[300], [7]]),
             [("ndarray", "int64", [300]), ("ndarray", "int64", [7])],
         ),
         (
@@ -317,13 +317,13 @@ def test_envs_receive_the_callers_actions_unchanged(backend, action_space, actio
 @pytest.mark.parametrize(
     "space, actions, expected",
     [
-        (spaces.Box(0, 1, (1,)), [0, 1], [("int64", "int64", 0), ("int64", "int64", 1)]),
+        (spaces.Box(0, 1, (1,)), [0, 1], [("int", None, 0), ("int", None, 1)]),
         (
             spaces.Box(0, 1, (1, 1), np.float32),
             np.array([0.5, 0.25], np.float32),
             [("float32", "float32", 0.5), ("float32", "float32", 0.25)],
         ),
-        (spaces.MultiDiscrete([3]), [2, 0], [("int64", "int64", 2), ("int64", "int64", 0)]),
+        (spaces.MultiDiscrete([3]), [2, 0], [("int", None, 2), ("int", None, 0)]),
         (
             spaces.MultiDiscrete([[4]], start=[[1]]),
             np.array([4, 1], np.int32),
@@ -347,6 +347,57 @@ def test_one_number_per_env_for_a_one_element_space_reaches_each_env_as_passed(
         venv.step(actions)
         received = [actions[-1] for actions in venv.get_attr("received")]
     assert received == expected
+
+
+@pytest.mark.parametrize(
+    "space, actions, expected",
+    [
+        (spaces.Discrete(3), [2, 0], [("int", None, 2), ("int", None, 0)]),
+        (spaces.Discrete(3), (True, 1), [("bool", None, True), ("int", None, 1)]),
+        (
+            spaces.Box(0, 255, (1,), np.uint8),
+            [[300], [7]],
+            [("list", None, [300]), ("list", None, [7])],
+        ),
+        (
+            spaces.Box(-1, 1, (2,), np.float32),
+            [[0.5, 0.25], np.array([0.125, 0.75], np.float32)],
+            [("list", None, [0.5, 0.25]), ("ndarray", "float32", [0.125, 0.75])],
+        ),
+        (
+            spaces.Dict({"n": spaces.Discrete(3), "x": spaces.Box(-1, 1, (1,), np.float32)}),
+            {"n": [1, 2], "x": np.array([[0.5], [0.25]], np.float32)},
+            [
+                {"n": ("int", None, 1), "x": ("ndarray", "float32", [0.5])},
+                {"n": ("int", None, 2), "x": ("ndarray", "float32", [0.25])},
+            ],
+        ),
+    ],
+    ids=["ints", "bool-and-int", "out-of-dtype-list", "list-and-array-rows", "dict"],
+)
+def test_python_values_in_a_list_reach_each_env_as_passed(backend, space, actions, expected):
+    # Gymnasium's iterate hands env i the item actions[i] itself: a Python int stays an
+    # int (json.dumps of it works), a list stays a list, whatever the space's dtype.
+    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        venv.step(actions)
+        received = [actions[-1] for actions in venv.get_attr("received")]
+    assert received == expected
+
+
+def test_a_list_of_numpy_values_of_the_spaces_dtype_still_takes_shared_memory(backend):
+    space = spaces.Discrete(5)
+    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        venv.step([np.int64(3), np.int64(4)])
+        assert venv._buffers.actions.tolist() == [3, 4]  # the shared path
+        venv.step([1, 2])  # Python ints: by value, the buffer is untouched
+        assert venv._buffers.actions.tolist() == [3, 4]
+        received = [actions for actions in venv.get_attr("received")]
+    assert received == [
+        [("int64", "int64", 3), ("int", None, 1)],
+        [("int64", "int64", 4), ("int", None, 2)],
+    ]
 
 
 @pytest.mark.parametrize(

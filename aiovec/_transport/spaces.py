@@ -271,7 +271,8 @@ def write_rows(
 ) -> None:
     """Write a validated batch (see :func:`batch_checker`) into the rows ``env_ids``."""
     if isinstance(buffer, np.ndarray):
-        if batch.ndim < buffer.ndim:  # one number per env for a one-element Box
+        batch = np.asarray(batch)  # a Python list the checker kept as passed
+        if batch.ndim < buffer.ndim:  # one number per env for a one-element space
             batch = batch.reshape(-1, *buffer.shape[1:])
         buffer[env_ids] = batch
     elif isinstance(buffer, dict):
@@ -293,9 +294,10 @@ def batch_checker(space: spaces.Space[Any], path: str = "actions") -> Callable[[
     """A function ``check(batch, count)`` validating ``count`` samples of ``space``.
 
     ``check`` returns ``(batch, exact)``: the batch as numpy arrays (a tuple of objects
-    for parts that are not shareable), and whether every array has exactly the dtype of
-    its space (only then may it go through shared memory without changing a value: else
-    the envs get the caller's values by value). It checks shape and dtype kind
+    for parts that are not shareable, the caller's list where it holds Python values),
+    and whether every array has exactly the dtype of its space (only then may it go
+    through shared memory without changing a value or its type: else the envs get the
+    caller's values by value). It checks shape and dtype kind
     everywhere and the range of discrete values, on the caller's values before any
     cast; Box bounds are not checked (Gymnasium does not clip either).
 
@@ -333,6 +335,8 @@ def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int
             _check_shape(array, count, shape, space, path)
         if array.dtype.kind not in "biuf":
             raise TypeError(f"{path}: expected numbers for {space}, got dtype {array.dtype}")
+        if _holds_python_values(batch):
+            return batch, False
         return array, array.dtype == dtype and not flat
 
     return check
@@ -377,9 +381,20 @@ def _discrete_checker(
         if not in_range:
             bad = array[(array < low) | (array > high)]
             raise ValueError(f"{path}: values {bad[:5].tolist()} are outside {space}")
+        if _holds_python_values(batch):
+            return batch, False
         return array, array.dtype == dtype and not flat
 
     return check
+
+
+def _holds_python_values(batch: Any) -> bool:
+    """Whether ``batch`` is a list or tuple with an item that is not a numpy value
+    (``[1, 0]``, ``[[0.5], [0.25]]``): each env then gets its item as passed, a Python
+    ``int`` or ``list`` as in Gymnasium, not the numpy value shared memory would give."""
+    if type(batch) is not list and type(batch) is not tuple:
+        return False
+    return any(not isinstance(item, (np.ndarray, np.generic)) for item in batch)
 
 
 def _has_one_element(shape: tuple[int, ...]) -> bool:
