@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
 import types
 from functools import partial
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 import aiovec
+from tests.conftest import worker_pids
 from tests.envs import CounterEnv
 from tests.faulty import FaultyEnv
 
@@ -216,3 +219,28 @@ async def test_close_waits_for_the_step_each_env_is_in(tmp_path):
         mine = [line.split(" ", 1)[1] for line in lines if line.startswith(f"{env} ")]
         assert mine[-1] == "close", mine
         assert mine[:-1] == ["step start", "step end"] * (len(mine[:-1]) // 2), mine
+
+
+def _scheduling_policies(pid: int) -> dict[int, int]:
+    """Each thread's id -> its scheduling policy (field 41 of /proc/PID/task/TID/stat)."""
+    policies = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        stat = (task / "stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 on
+        policies[int(task.name)] = int(fields[38])
+    return policies
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduling policies")
+def test_the_receiving_thread_never_preempts_the_agent_and_env_threads_keep_their_policy():
+    # SCHED_BATCH: woken by the agent's send, it waits for a free core instead of
+    # preempting the agent (measured in aiovec/_worker/main.py).
+    with aiovec.VecEnv([partial(CounterEnv, i) for i in range(2)], **THREADED) as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros(2, dtype=np.int64))
+        [pid] = worker_pids(venv)
+        env_thread_ids = set(venv.apply(lambda env: threading.get_native_id()))
+        policies = _scheduling_policies(pid)
+    assert policies[pid] == os.SCHED_BATCH  # the receiving thread: the worker's main one
+    assert len(env_thread_ids) == 2 and pid not in env_thread_ids
+    assert {policies[thread] for thread in env_thread_ids} == {os.SCHED_OTHER}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import pickle
 import signal
 import socket
@@ -57,6 +58,20 @@ def _die_with_parent() -> None:
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # no prctl: end of file on the pipe still stops us
+        pass
+
+
+def _yield_to_the_agent_on_wakeup() -> None:
+    """Put this thread under ``SCHED_BATCH``: woken by the agent's command, it waits
+    for a free core instead of preempting the agent on its own. Only the receiving
+    thread of a worker serving waiting envs does this (it just hands commands to the
+    envs' threads): measured, 16 envs sleeping 2 ms on 2 cores, first-ready one env at a
+    time, the agent's time per env-step fell from 90-120 to 56-73 us and the rate from a
+    median 0.60 to 0.70 of ideal in 5 interleaved pairs. The envs' threads keep the
+    default policy. A no-op where Linux's policy cannot be set."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux, or a policy this one cannot leave
         pass
 
 
@@ -198,6 +213,7 @@ def _serve_threads(connection: Channel, host: EnvHost) -> None:
             pass
 
     server = ThreadedEnvServer(host, connection.send_frames, on_failure=wake_receiver)
+    _yield_to_the_agent_on_wakeup()  # after the envs' threads started: theirs is unchanged
     try:
         while True:
             try:
