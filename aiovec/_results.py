@@ -57,7 +57,9 @@ def log_failures(failures: Iterable[BaseException], raised: BaseException) -> No
         logger.error(
             f"Received the following error from Worker-{error.env_index} - Shutting it down"
         )
-        logger.error(error.worker_traceback or f"{error.exc_type}: {error.exc_message}\n")
+        # As an argument, not as the message: gymnasium.logger formats the message with
+        # %, and a '%' in the traceback would raise a TypeError in place of the env's error.
+        logger.error("%s", error.worker_traceback or f"{error.exc_type}: {error.exc_message}\n")
     if isinstance(raised, EnvError):
         logger.error("Raising the last exception back to the main process.")
 

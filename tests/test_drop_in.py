@@ -158,6 +158,29 @@ def test_a_failed_reset_is_logged_as_gymnasium_logs_it(backend):
     )
 
 
+class _PercentInTracebackEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
+    def step(self, action):
+        raise ValueError("step %d failed" % action)  # noqa: UP031  # a % in the traceback
+
+
+def test_a_percent_sign_in_the_logged_traceback_does_not_replace_the_envs_error(backend):
+    # gymnasium.logger.error formats its message with %: a traceback logged as the
+    # message itself raised TypeError (not enough arguments) instead of the env's error.
+    import warnings
+
+    import aiovec
+
+    with aiovec.VecEnv([_PercentInTracebackEnv] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ValueError, match="step 1 failed"):
+                venv.step([1, 1])
+    messages = _messages(caught)
+    assert 'raise ValueError("step %d failed" % action)' in messages[1]
+    assert "Raising the last exception back to the main process." in messages[-1]
+
+
 @pytest.mark.parametrize("api", ["step", "astep", "step_async"])
 def test_every_env_failing_in_a_step_is_logged_and_the_raised_one_last(api):
     import asyncio
