@@ -416,8 +416,10 @@ def test_actions_are_checked_against_the_action_space():
     discrete = ReplayBuffer(8, OBS, ACT, num_envs=2)
     with pytest.raises(ValueError, match="outside"):
         discrete.sent(np.array([7, -3]))
-    with pytest.raises(TypeError, match="integers"):
+    with pytest.raises(ValueError, match="not whole numbers"):
         discrete.sent(np.array([0.5, 1.0]))
+    with pytest.raises(TypeError, match="integers"):
+        discrete.sent(np.array(["a", "b"]))
     with pytest.raises(TypeError, match="scalar"):
         discrete.sent(np.int64(1))
     with pytest.raises(ValueError, match="3 observations for 2 env ids"):
@@ -432,8 +434,9 @@ def test_actions_are_checked_against_the_action_space():
         (spaces.Box(-1, 1, (1,)), [0.5, -0.5], [[0.5], [-0.5]]),
         (spaces.MultiDiscrete([3]), [2, 1], [[2], [1]]),
         (spaces.MultiBinary(1), [1, 0], [[1], [0]]),
+        (spaces.MultiBinary(1), np.array([1.0, 0.0], np.float32), [[1], [0]]),
     ],
-    ids=["box", "multidiscrete", "multibinary"],
+    ids=["box", "multidiscrete", "multibinary", "multibinary-floats"],
 )
 def test_one_number_per_env_for_a_one_element_space_is_stored_as_its_row(space, actions, rows):
     # As VecEnv takes it (Gymnasium's iterate does): [0.5, -0.5] for Box((1,)) is one

@@ -401,15 +401,61 @@ def test_a_list_of_numpy_values_of_the_spaces_dtype_still_takes_shared_memory(ba
 
 
 @pytest.mark.parametrize(
+    "space, actions, expected",
+    [
+        (
+            spaces.MultiBinary(2),
+            np.array([[1.0, 0.0], [0.0, 1.0]], np.float32),  # torch's Bernoulli samples
+            [("ndarray", "float32", [1.0, 0.0]), ("ndarray", "float32", [0.0, 1.0])],
+        ),
+        (
+            spaces.Discrete(3, start=-1),
+            np.array([-1.0, 1.0]),
+            [("float64", "float64", -1.0), ("float64", "float64", 1.0)],
+        ),
+        (
+            spaces.MultiDiscrete([3, 2]),
+            [[2.0, 1.0], [0.0, 0.0]],
+            [("list", None, [2.0, 1.0]), ("list", None, [0.0, 0.0])],
+        ),
+    ],
+    ids=["multibinary-float32", "discrete-float64", "multidiscrete-list"],
+)
+def test_whole_floats_for_a_discrete_space_reach_the_envs_as_passed(
+    backend, space, actions, expected
+):
+    # Gymnasium hands them on; an env's contains() check is the env's business.
+    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        venv.step(actions)
+        received = [actions[-1] for actions in venv.get_attr("received")]
+    assert received == expected
+
+
+@pytest.mark.parametrize(
     "space, actions, message",
     [
+        (spaces.Discrete(2), [0.5, 1.0], r"values \[0.5\] are not whole numbers"),
+        (spaces.Discrete(2), np.array([np.nan, 1.0]), r"values \[nan\] are not whole"),
+        (spaces.MultiBinary(2), np.array([[1.0, 2.0], [0, 0]]), r"values \[2.0\] are outside"),
+        (spaces.Discrete(2), ["a", "b"], "expected integers"),
         (spaces.MultiDiscrete([3]), [0, 3], r"values \[3\] are outside"),
         (spaces.MultiDiscrete([[4]], start=[[1]]), [0, 2], r"values \[0\] are outside"),
         (spaces.MultiBinary(1), [1, 2], r"values \[2\] are outside"),
-        (spaces.MultiBinary(1), [0.0, 1.0], "expected integers"),
+        (spaces.MultiBinary(1), [0.5, 1.0], r"values \[0.5\] are not whole numbers"),
         (spaces.MultiDiscrete([3]), [0, 1, 2], r"expected shape \(2, 1\)"),
     ],
-    ids=["above", "below-start", "binary", "floats", "length"],
+    ids=[
+        "fraction",
+        "nan",
+        "float-outside",
+        "strings",
+        "above",
+        "below-start",
+        "binary",
+        "floats",
+        "length",
+    ],
 )
 def test_one_number_per_env_is_still_checked(backend, space, actions, message):
     with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:

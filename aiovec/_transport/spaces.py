@@ -299,13 +299,15 @@ def batch_checker(space: spaces.Space[Any], path: str = "actions") -> Callable[[
     through shared memory without changing a value or its type: else the envs get the
     caller's values by value). It checks shape and dtype kind
     everywhere and the range of discrete values, on the caller's values before any
-    cast; Box bounds are not checked (Gymnasium does not clip either).
+    cast (floats for a discrete space must be whole numbers: they reach the envs as
+    floats, as in Gymnasium); Box bounds are not checked (Gymnasium does not clip either).
 
     Raises (from ``check``):
         TypeError: the batch (or a part) is not the kind of object the space needs: a
             scalar, a non-dict for a Dict, numbers of the wrong kind (as Gymnasium, whose
             ``iterate`` raises TypeError on them).
-        ValueError: a batch of the wrong length or shape, values out of range.
+        ValueError: a batch of the wrong length or shape, values out of range (or not
+            whole numbers for a discrete space).
     """
 
     def check(batch: Any, count: int) -> Checked:  # not shareable: one Python object per env
@@ -368,11 +370,16 @@ def _discrete_checker(
         flat = one_element and array.shape == (count,)
         if not flat:
             _check_shape(array, count, shape, space, path)
-        if array.dtype.kind not in "biu":
-            raise TypeError(
-                f"{path}: expected integers for {space}, got dtype {array.dtype}; "
-                "cast with .astype(int) if the values are whole numbers"
-            )
+        kind = array.dtype.kind
+        if kind not in "biuf":
+            raise TypeError(f"{path}: expected integers for {space}, got dtype {array.dtype}")
+        if kind == "f":  # e.g. a torch Bernoulli sample: whole numbers go through as passed
+            fractional = ~np.isfinite(array) | (array != np.trunc(array))
+            if fractional.any():
+                raise ValueError(
+                    f"{path}: values {array[fractional][:5].tolist()} are not whole "
+                    f"numbers, so not in {space}"
+                )
         if scalar_bounds and array.size <= 64:  # Python's min/max beat numpy's on few values
             values = array.ravel().tolist()
             in_range = not values or (min(values) >= low and max(values) <= high)
