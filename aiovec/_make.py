@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
-from gymnasium.envs.registration import VectorizeMode
+from gymnasium.envs.registration import EnvSpec, VectorizeMode
 
 from aiovec._auto import choose_block_layout
 from aiovec._worker.blocks import BlockFactory
@@ -52,6 +54,7 @@ def make(
     render_mode: str | None = None,
     vectorization_mode: str | None = None,
     envs_per_block: int | None = None,
+    vector_kwargs: dict[str, Any] | None = None,
     **options: Any,
 ) -> VecEnv:
     """Create ``num_envs`` copies of an env as one :class:`VecEnv`.
@@ -91,13 +94,21 @@ def make(
             others), else one block of ``num_envs`` stepped in this process.
             ``"process"``: one block per worker (of ``inline_envs`` rows, if given);
             ``"inline"``: one block.
-        **options: passed to :class:`VecEnv` (``num_workers``, ``copy``,
-            ``autoreset_mode``, ``context``, ``observation_mode``, ...).
+        vector_kwargs: options for :class:`VecEnv`, as ``gymnasium.make_vec`` takes them.
+        **options: :class:`VecEnv`'s own options (``num_workers``, ``copy``,
+            ``autoreset_mode``, ``context``, ``observation_mode``, ...); any other keyword
+            is the env's, as in ``gymnasium.make_vec`` (``make("FrozenLake-v1", 4,
+            is_slippery=False)``), added to every env's (or block's) ``env_kwargs``.
+
+    ``venv.spec`` is the registry's spec for an id, with the ``kwargs`` that
+    ``gymnasium.make_vec`` records: the env's keyword arguments, ``num_envs``,
+    ``vectorization_mode`` (and ``vector_kwargs``, ``wrappers`` when given).
 
     Raises:
         gymnasium.error.Error: unknown env id (raised here, before any process starts).
-        ValueError: ``num_envs`` is not a positive integer, or ``render_mode`` differs
-            from a ``render_mode`` in ``env_kwargs``.
+        ValueError: ``num_envs`` is not a positive integer, ``render_mode`` differs
+            from a ``render_mode`` in ``env_kwargs``, or a keyword is given twice (in
+            ``env_kwargs`` and as a keyword, or in ``vector_kwargs`` and as an option).
 
     Example:
         >>> import aiovec
@@ -126,25 +137,77 @@ def make(
             "vectorization_mode must be None, 'sync', 'async' or 'vector_entry_point', "
             f"got {vectorization_mode!r}"
         )
-    if envs_per_block is not None or vectorization_mode == "vector_entry_point":
+    env_extra = {key: options.pop(key) for key in list(options) if key not in _VECENV_OPTIONS}
+    for key in options.keys() & (vector_kwargs or {}).keys():
+        raise ValueError(f"{key!r} is given twice, in vector_kwargs and as a keyword: give it once")
+    options = {**(vector_kwargs or {}), **options}
+    batched = envs_per_block is not None or vectorization_mode == "vector_entry_point"
+    if batched:
         venv = _make_batched(
-            env_id, num_envs, env_kwargs, wrappers, backend, render_mode, envs_per_block, options
+            env_id,
+            num_envs,
+            env_kwargs,
+            env_extra,
+            wrappers,
+            backend,
+            render_mode,
+            envs_per_block,
+            options,
         )
-        venv.spec = spec
-        return venv
-    per_env_kwargs = _per_env_kwargs(env_kwargs, num_envs)
-    for kwargs in per_env_kwargs:
-        _set_render_mode(kwargs, render_mode)
-    factories = [EnvFactory(make_env, args, kwargs, wrappers) for kwargs in per_env_kwargs]
-    venv = VecEnv(factories, backend=backend, **options)
-    venv.spec = spec
+    else:
+        per_env_kwargs = _per_env_kwargs(env_kwargs, num_envs, env_extra)
+        for kwargs in per_env_kwargs:
+            _set_render_mode(kwargs, render_mode)
+        factories = [EnvFactory(make_env, args, kwargs, wrappers) for kwargs in per_env_kwargs]
+        venv = VecEnv(factories, backend=backend, **options)
+    if spec is not None:
+        venv.spec = _vector_spec(
+            spec,
+            num_envs,
+            {**(env_kwargs if isinstance(env_kwargs, dict) else {}), **env_extra},
+            render_mode,
+            vectorization_mode or ("vector_entry_point" if batched else "async"),
+            vector_kwargs,
+            wrappers,
+        )
     return venv
+
+
+#: The keywords :func:`make` passes to :class:`VecEnv`; any other is the env's.
+_VECENV_OPTIONS = frozenset(inspect.signature(VecEnv.__init__).parameters) - {"self", "env_fns"}
+
+
+def _vector_spec(
+    spec: EnvSpec,
+    num_envs: int,
+    env_kwargs: dict[str, Any],
+    render_mode: str | None,
+    vectorization_mode: str,
+    vector_kwargs: dict[str, Any] | None,
+    wrappers: Sequence[Any],
+) -> EnvSpec:
+    """The spec ``gymnasium.make_vec`` gives its vector env: the registry's, with the
+    env's keyword arguments and how it was vectorized in ``kwargs``."""
+    vector_spec = copy.deepcopy(spec)
+    kwargs = {**spec.kwargs, **env_kwargs}
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    if num_envs != 1:
+        kwargs["num_envs"] = num_envs
+    kwargs["vectorization_mode"] = vectorization_mode
+    if vector_kwargs:
+        kwargs["vector_kwargs"] = vector_kwargs
+    if wrappers:
+        kwargs["wrappers"] = wrappers
+    vector_spec.kwargs = kwargs
+    return vector_spec
 
 
 def _make_batched(
     env_id: str | Callable[..., Any],
     num_envs: int,
     env_kwargs: Any,
+    env_extra: dict[str, Any],
     wrappers: Sequence[Callable[[Any], Any]],
     backend: str,
     render_mode: str | None,
@@ -177,7 +240,7 @@ def _make_batched(
         )
 
     def factories(size: int) -> list[BlockFactory]:
-        per_block = _per_env_kwargs(env_kwargs, num_envs // size, unit="block")
+        per_block = _per_env_kwargs(env_kwargs, num_envs // size, env_extra, unit="block")
         for kwargs in per_block:
             _set_render_mode(kwargs, render_mode)
         return [
@@ -216,15 +279,26 @@ def _set_render_mode(kwargs: dict[str, Any], render_mode: str | None) -> None:
         )
 
 
-def _per_env_kwargs(env_kwargs: Any, count: int, unit: str = "env") -> list[dict[str, Any]]:
+def _per_env_kwargs(
+    env_kwargs: Any, count: int, extra: dict[str, Any], unit: str = "env"
+) -> list[dict[str, Any]]:
+    """Each env's (or block's) keyword arguments: its ``env_kwargs`` and ``extra``."""
     if env_kwargs is None or isinstance(env_kwargs, dict):
-        return [dict(env_kwargs or {}) for _ in range(count)]
-    if callable(env_kwargs):
-        return [dict(env_kwargs(index)) for index in range(count)]
-    kwargs = list(env_kwargs)
-    if len(kwargs) != count:
-        raise ValueError(
-            f"env_kwargs has {len(kwargs)} entries for {count} {unit}s: give one dict per "
-            f"{unit}, one dict for all, or a function from {unit} index to dict"
-        )
-    return [dict(item or {}) for item in kwargs]
+        per_env = [dict(env_kwargs or {}) for _ in range(count)]
+    elif callable(env_kwargs):
+        per_env = [dict(env_kwargs(index)) for index in range(count)]
+    else:
+        per_env = [dict(item or {}) for item in env_kwargs]
+        if len(per_env) != count:
+            raise ValueError(
+                f"env_kwargs has {len(per_env)} entries for {count} {unit}s: give one dict "
+                f"per {unit}, one dict for all, or a function from {unit} index to dict"
+            )
+    for kwargs in per_env:
+        for key in kwargs.keys() & extra.keys():
+            raise ValueError(
+                f"the env keyword {key!r} is given twice, in env_kwargs and as a keyword "
+                "of make(): give it once"
+            )
+        kwargs.update(extra)
+    return per_env

@@ -142,7 +142,8 @@ def test_mismatched_spaces_are_rejected(backend):
     [
         (np.zeros(3, dtype=np.int64), ValueError),  # wrong batch size
         (np.zeros((2, 1), dtype=np.int64), ValueError),  # wrong shape
-        (np.array([0.5, 1.0]), TypeError),  # floats for a discrete space
+        (np.array([0.5, 1.0]), ValueError),  # not whole numbers for a discrete space
+        (np.array(["a", "b"]), TypeError),  # not numbers
         (np.array([0, 7]), ValueError),  # outside Discrete(3)
     ],
 )

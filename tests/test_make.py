@@ -30,6 +30,58 @@ def test_registry_id_with_kwargs_and_wrappers(backend):
         assert truncations.all()
 
 
+def test_env_keywords_as_gymnasium_make_vec_takes_them(backend):
+    # make_vec(id, num_envs, vector_kwargs=..., **env_kwargs): the same call works here.
+    with aiovec.make(
+        "FrozenLake-v1", 2, is_slippery=False, vector_kwargs={"copy": False}, backend=backend
+    ) as venv:
+        # not slippery: one outcome per action (three when slippery)
+        assert [len(transitions[0][0]) for transitions in venv.get_attr("P")] == [1, 1]
+        assert venv.copy is False
+        expected = gym.make_vec(
+            "FrozenLake-v1", 2, "async", vector_kwargs={"copy": False}, is_slippery=False
+        )
+        expected.close()
+        assert venv.spec.kwargs == expected.spec.kwargs
+        assert venv.spec.kwargs["num_envs"] == 2
+
+
+def test_spec_kwargs_record_env_kwargs_render_mode_and_wrappers():
+    wrappers = [gym.wrappers.TimeAwareObservation]
+    with aiovec.make(
+        "CartPole-v1",
+        2,
+        env_kwargs={"max_episode_steps": 7},
+        wrappers=wrappers,
+        render_mode="rgb_array",
+        backend="inline",
+    ) as venv:
+        assert venv.spec.kwargs == {
+            "max_episode_steps": 7,
+            "render_mode": "rgb_array",
+            "num_envs": 2,
+            "vectorization_mode": "async",
+            "wrappers": wrappers,
+        }
+        assert gym.spec("CartPole-v1").kwargs == {}  # the registry's spec is untouched
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"env_kwargs": {"is_slippery": True}, "is_slippery": False},
+            "'is_slippery' is given twice",
+        ),
+        ({"vector_kwargs": {"copy": False}, "copy": True}, "'copy' is given twice"),
+    ],
+    ids=["env", "vector"],
+)
+def test_a_keyword_given_twice_is_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        aiovec.make("FrozenLake-v1", 2, backend="inline", **kwargs)
+
+
 def test_callable_with_kwargs(backend):
     with aiovec.make(CounterEnv, 2, env_kwargs={"env_index": 7}, backend=backend) as venv:
         observations, _ = venv.reset()
