@@ -93,3 +93,15 @@ class CounterEnv(gym.Env):
         self.count += 1
         observation = np.array([self.env_index, self.count], dtype=np.float64)
         return observation, float(self.count), False, False, {"action": int(action)}
+
+
+#: Module state a script might change at run time (see ``SettingsEnv``).
+SETTINGS = {"level": 1}
+
+
+class SettingsEnv(CounterEnv):
+    """A ``CounterEnv`` whose ``level`` is read from this module's ``SETTINGS`` when built."""
+
+    def __init__(self, env_index: int = 0) -> None:
+        super().__init__(env_index)
+        self.level = SETTINGS["level"]

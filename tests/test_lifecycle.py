@@ -122,6 +122,34 @@ def test_unpicklable_factory_is_rejected_before_start():
     with pytest.raises(aiovec.FactoryPicklingError, match="env 0") as caught:
         aiovec.VecEnv([factory])
     assert "backend='inline'" in str(caught.value)
+    assert "context='fork'" in str(caught.value)
+
+
+def test_forked_workers_inherit_factories_that_cannot_be_pickled():
+    # As AsyncVectorEnv's under fork: nothing is pickled, the worker has the factory.
+    lock = threading.Lock()
+
+    def factory():
+        with lock:
+            return CounterEnv(7)
+
+    with aiovec.VecEnv([factory] * 2, context="fork") as venv:
+        observations, _ = venv.reset(seed=0)
+        assert observations[:, 0].tolist() == [7, 7]
+        venv.step(np.zeros(2, dtype=np.int64))
+        assert venv.get_attr("count") == (1, 1)
+
+
+@pytest.mark.parametrize("context, level", [(None, 1), ("fork", 7)], ids=["zygote", "fork"])
+def test_module_state_changed_at_run_time_reaches_forked_workers_only(monkeypatch, context, level):
+    # Documented (README, How workers start): zygote workers import modules afresh.
+    from tests import envs
+
+    monkeypatch.setitem(envs.SETTINGS, "level", 7)
+    with aiovec.VecEnv([envs.SettingsEnv] * 2, context=context) as venv:
+        assert venv.get_attr("level") == (level, level)
+    with aiovec.VecEnv([envs.SettingsEnv] * 2, backend="inline") as venv:
+        assert venv.get_attr("level") == (7, 7)  # this process's envs always see it
 
 
 def test_unknown_env_id_is_rejected():

@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import cloudpickle
 from gymnasium.vector import AutoresetMode
@@ -77,7 +77,7 @@ def _yield_to_the_agent_on_wakeup() -> None:
 
 def worker_main(
     sock: socket.socket,
-    factories: bytes,
+    factories: bytes | dict[int, Callable[[], Any]],
     first_env_id: int,
     autoreset_mode: str,
     spin: float = 0.0,
@@ -104,7 +104,8 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         try:
-            env_fns = cloudpickle.loads(factories)
+            # By value (a fork: inherited as they are) or pickled (the zygote, spawn).
+            env_fns = factories if isinstance(factories, dict) else cloudpickle.loads(factories)
             host, descriptions = build_host(
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
             )

@@ -107,7 +107,9 @@ def pickle_factories(env_fns: dict[int, Callable[[], gym.Env]]) -> bytes:
                 f"the factory of env {env_id} ({env_fn!r}) cannot be pickled to send it to a "
                 f"worker process: {type(exc).__name__}: {exc}. Make the factory capture only "
                 "picklable values (create locks, files, sockets and clients inside the env), "
-                "or use backend='inline' to keep envs in this process."
+                "or use backend='inline' to keep envs in this process, or context='fork' "
+                "(workers forked from this process inherit their factories, as "
+                "AsyncVectorEnv's do on Linux; unsafe if this process runs threads)."
             ) from exc
     raise AssertionError("unreachable: every factory pickled on its own")
 
@@ -159,8 +161,14 @@ class ProcessBackend(Backend):
         self.spin = spin
         self._spin_policy = SpinPolicy(spin)  # spins only while spinning pays
         self.groups = split_groups(remote_units, num_workers, size)
-        self._payloads = [
-            pickle_factories(group_factories(env_fns, group, size)) for group in self.groups
+        context = context or default_context()
+        # A forked worker inherits its factories, as AsyncVectorEnv's do under fork: they
+        # need not pickle (a lock, a class cloudpickle cannot rebuild). Else, as bytes.
+        self._payloads: list[bytes | dict[int, Callable[[], gym.Env]]] = [
+            group_factories(env_fns, group, size)
+            if context == "fork"
+            else pickle_factories(group_factories(env_fns, group, size))
+            for group in self.groups
         ]
         self._envs_per_block = envs_per_block
         self._autoreset_mode = autoreset_mode
@@ -179,7 +187,6 @@ class ProcessBackend(Backend):
         if inline_envs:
             self.groups.append(list(range(remote_envs, num_envs)))
 
-        context = context or default_context()
         if context not in CONTEXTS:
             raise ValueError(f"context must be one of {CONTEXTS} (or None), got {context!r}")
         if context == "zygote" and not zygote.available():
