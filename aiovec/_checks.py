@@ -13,6 +13,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._worker.blocks import same_value
 from aiovec._worker.host import EnvDescription
+from aiovec.errors import InvalidSeedError
 
 
 def refuse_custom_worker(worker: Callable[..., None]) -> None:
@@ -133,27 +134,32 @@ def is_int(value: Any) -> bool:
 def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
     """One seed (a Python int, or None) per env, from what ``reset(seed=...)`` accepts:
     ``None``, a non-negative int (env ``i`` gets ``seed + i``), or one int or ``None`` per
-    env (numpy integers count as ints)."""
+    env (numpy integers count as ints).
+
+    Raises:
+        aiovec.InvalidSeedError: any other seed (also a ``gymnasium.error.Error``, as
+            Gymnasium's envs raise for one).
+    """
     if seed is None:
         return [None] * num_envs
     if is_int(seed):
         if not 0 <= seed < 2**64 - num_envs:
-            raise ValueError(f"seed must be a non-negative int below 2**64, got {seed!r}")
+            raise InvalidSeedError(f"seed must be a non-negative int below 2**64, got {seed!r}")
         return [int(seed) + i for i in range(num_envs)]
     if isinstance(seed, (str, bytes, dict)) or not hasattr(seed, "__len__"):
-        raise TypeError(
+        raise InvalidSeedError(
             f"seed must be None, a non-negative int, or a list of {num_envs} such seeds "
             f"(one per env), got {seed!r}"
         )
     seeds = list(seed)
     if len(seeds) != num_envs:
-        raise ValueError(
+        raise InvalidSeedError(
             f"If seeds are passed as a list the length must match num_envs={num_envs} "
             f"but got length={len(seeds)}."
         )
     for index, item in enumerate(seeds):
         if item is not None and not (is_int(item) and 0 <= item < 2**64):
-            raise TypeError(
+            raise InvalidSeedError(
                 f"seed[{index}] is {item!r}: each seed must be None or a non-negative int "
                 "below 2**64"
             )

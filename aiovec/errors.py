@@ -268,6 +268,13 @@ class NothingInFlightError(AiovecError, RuntimeError):
     """``recv`` was awaited while no env was stepping: it would wait forever."""
 
 
+class InvalidSeedError(AiovecError, ValueError, TypeError, AssertionError, gymnasium.error.Error):
+    """``reset`` got a seed it cannot use (negative, 2**64 or more, not an int, a list of
+    the wrong length); nothing was sent. It is an instance of each class Gymnasium
+    raises for such a seed: ``gymnasium.error.Error`` (its envs' ``np_random``),
+    ``AssertionError`` (a list of the wrong length) and ``TypeError``."""
+
+
 class FactoryPicklingError(AiovecError, TypeError):
     """An env factory cannot be sent to a worker process."""
 

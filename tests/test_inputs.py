@@ -8,6 +8,7 @@ import threading
 import types
 from functools import partial
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -50,11 +51,23 @@ def test_bad_seeds_are_refused_before_anything_is_sent(backend, seed):
     kwargs = {"num_workers": 2} if backend == "process" else {}
     with aiovec.VecEnv(spaces_envs(4), backend=backend, **kwargs) as venv:
         venv.reset(seed=0)
-        with pytest.raises((TypeError, ValueError), match="seed"):
+        # Caught as Gymnasium's envs raise it (gymnasium.error.Error), and as a
+        # ValueError/TypeError.
+        with pytest.raises(gym.error.Error, match="seed") as caught:
             venv.reset(seed=seed)
+        assert isinstance(caught.value, aiovec.InvalidSeedError)
+        assert isinstance(caught.value, (ValueError, TypeError))
         assert venv._scheduler.num_busy == 0
         observations, _ = venv.reset(seed=0)  # every env still idle and healthy
         assert observations.shape[0] == 4
+
+
+def test_a_seed_list_of_the_wrong_length_is_gymnasiums_assertion_error():
+    with (
+        aiovec.VecEnv(spaces_envs(2), backend="inline") as venv,
+        pytest.raises(AssertionError, match="length must match num_envs=2"),
+    ):
+        venv.reset(seed=[0, 1, 2])
 
 
 @pytest.mark.parametrize(
