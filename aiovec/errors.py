@@ -268,6 +268,12 @@ class NothingInFlightError(AiovecError, RuntimeError):
     """``recv`` was awaited while no env was stepping: it would wait forever."""
 
 
+class NeedsResetError(AiovecError, RuntimeError, AssertionError):
+    """With ``autoreset_mode=DISABLED``, a step was sent to an env whose episode ended
+    and that was not reset since; nothing was sent. Also the ``AssertionError``
+    Gymnasium's vector envs raise then."""
+
+
 class InvalidSeedError(AiovecError, ValueError, TypeError, AssertionError, gymnasium.error.Error):
     """``reset`` got a seed it cannot use (negative, 2**64 or more, not an int, a list of
     the wrong length); nothing was sent. It is an instance of each class Gymnasium

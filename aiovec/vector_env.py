@@ -57,6 +57,7 @@ from aiovec.backends._base import Backend
 from aiovec.errors import (
     ClosedError,
     EnvBusyError,
+    NeedsResetError,
     NothingInFlightError,
 )
 
@@ -414,7 +415,7 @@ class VecEnv(SplitCalls, VectorEnv):
         scheduler.check_alive(env_ids)
         if self.autoreset_mode is AutoresetMode.DISABLED and self._needs_reset[env_ids].any():
             done = [int(i) for i in np.asarray(env_ids)[self._needs_reset[env_ids]]]
-            raise RuntimeError(
+            raise NeedsResetError(
                 f"envs {done} ended their episode and autoreset_mode is DISABLED: reset them "
                 "first with reset(options={'reset_mask': mask})"
             )

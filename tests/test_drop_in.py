@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from functools import partial
 
+import numpy as np
 import pytest
 
 UNGUARDED = textwrap.dedent(
@@ -431,3 +433,33 @@ def test_custom_worker_is_refused_before_any_worker_starts(no_leaks):
 
     with pytest.raises(ValueError, match="do not run Gymnasium's pipe protocol"):
         aiovec.VecEnv([CounterEnv] * 2, worker=_eight_argument_worker)
+
+
+@pytest.mark.parametrize("api", ["step", "send"])
+def test_stepping_an_ended_env_without_autoreset_is_gymnasiums_assertion_error(backend, api):
+    from gymnasium.vector import AutoresetMode
+
+    import aiovec
+    from tests.envs import CounterEnv
+
+    class OneStepEnv(CounterEnv):
+        def step(self, action):
+            observation, reward, _, truncated, info = super().step(action)
+            return observation, reward, self.env_index == 1, truncated, info
+
+    env_fns = [partial(OneStepEnv, i) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend=backend, autoreset_mode=AutoresetMode.DISABLED) as venv:
+        venv.reset(seed=0)
+        _, _, terminations, _, _ = venv.step([0, 0])
+        assert terminations.tolist() == [False, True]
+        with pytest.raises(AssertionError, match=r"envs \[1\] ended their episode") as caught:
+            if api == "step":
+                venv.step([0, 0])
+            else:
+                venv.send([0, 0])
+        assert isinstance(caught.value, aiovec.NeedsResetError)
+        assert isinstance(caught.value, RuntimeError)  # what aiovec raised before
+        assert venv.get_attr("count") == (1, 1)  # nothing was sent
+        venv.reset(options={"reset_mask": np.array([False, True])})
+        venv.step([0, 0])
+        assert venv.get_attr("count") == (2, 1)
