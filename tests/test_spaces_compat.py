@@ -49,6 +49,14 @@ class RecordingEnv(gym.Env):
         return 0, 0.0, False, False, {}
 
 
+def _received(backend, action_space, actions):
+    """What each of 2 ``RecordingEnv`` received (see :func:`describe`) for one ``step(actions)``."""
+    with aiovec.VecEnv([partial(RecordingEnv, action_space)] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        venv.step(actions)
+        return [received[-1] for received in venv.get_attr("received")]
+
+
 # --- item 1: observation_mode -----------------------------------------------------------
 
 
@@ -305,10 +313,7 @@ def test_a_scalar_action_for_a_vector_env_is_a_type_error(backend, action_space)
     ids=["float64-for-float32", "300-for-uint8", "nan-for-int64", "uint8-for-discrete", "dict"],
 )
 def test_envs_receive_the_callers_actions_unchanged(backend, action_space, actions, expected):
-    with aiovec.VecEnv([partial(RecordingEnv, action_space)] * 2, backend=backend) as venv:
-        venv.reset(seed=0)
-        venv.step(actions)
-        received = [actions[-1] for actions in venv.get_attr("received")]
+    received = _received(backend, action_space, actions)
     assert len(received) == len(expected)
     for got, want in zip(received, expected):
         assert repr(got) == repr(want)  # repr: nan equals nan, and types show
@@ -342,10 +347,7 @@ def test_one_number_per_env_for_a_one_element_space_reaches_each_env_as_passed(
 ):
     # Gymnasium iterates a batch of [0, 1] over Box((1,)) as one number per env; aiovec
     # takes it too (it cannot mean anything else) and hands env i the number actions[i].
-    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
-        venv.reset(seed=0)
-        venv.step(actions)
-        received = [actions[-1] for actions in venv.get_attr("received")]
+    received = _received(backend, space, actions)
     assert received == expected
 
 
@@ -378,10 +380,7 @@ def test_one_number_per_env_for_a_one_element_space_reaches_each_env_as_passed(
 def test_python_values_in_a_list_reach_each_env_as_passed(backend, space, actions, expected):
     # Gymnasium's iterate hands env i the item actions[i] itself: a Python int stays an
     # int (json.dumps of it works), a list stays a list, whatever the space's dtype.
-    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
-        venv.reset(seed=0)
-        venv.step(actions)
-        received = [actions[-1] for actions in venv.get_attr("received")]
+    received = _received(backend, space, actions)
     assert received == expected
 
 
@@ -425,10 +424,7 @@ def test_whole_floats_for_a_discrete_space_reach_the_envs_as_passed(
     backend, space, actions, expected
 ):
     # Gymnasium hands them on; an env's contains() check is the env's business.
-    with aiovec.VecEnv([partial(RecordingEnv, space)] * 2, backend=backend) as venv:
-        venv.reset(seed=0)
-        venv.step(actions)
-        received = [actions[-1] for actions in venv.get_attr("received")]
+    received = _received(backend, space, actions)
     assert received == expected
 
 
