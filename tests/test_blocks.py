@@ -617,3 +617,57 @@ def test_set_attr_with_different_values_in_a_block_changes_nothing(backend):
         with pytest.raises(ValueError, match=r"envs 2..3\) different values"):
             venv.set_attr("gain", [5.0, 5.0, 6.0, 7.0, 8.0, 8.0])
         assert venv.get_attr("gain") == (1.0,) * 6  # no block was changed
+
+
+class RecordingBlock(gym.vector.VectorEnv):
+    """A block of 2 rows that records each batch of actions it is stepped with."""
+
+    def __init__(self, action_space: gym.spaces.Space) -> None:
+        from gymnasium.vector.utils import batch_space
+
+        self.num_envs = 2
+        self.single_action_space = action_space
+        self.action_space = batch_space(action_space, 2)
+        self.single_observation_space = gym.spaces.Discrete(2)
+        self.observation_space = batch_space(self.single_observation_space, 2)
+        self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+        self.received: list = []
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.int64), {}
+
+    def step(self, actions):
+        self.received.append((actions.dtype.name, actions.tolist()))
+        return np.zeros(2, np.int64), np.zeros(2), np.zeros(2, bool), np.zeros(2, bool), {}
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+@pytest.mark.parametrize(
+    "space, actions, rows",
+    [
+        (gym.spaces.Box(0, 1, (1,)), [0.5, 0.25, 0.125, 1.0], ("float64", [[0.5], [0.25]])),
+        (
+            gym.spaces.Box(0, 1, (1,)),
+            np.array([0.5, 0.25, 0.125, 1.0], np.float32),
+            ("float32", [[0.5], [0.25]]),
+        ),
+        (gym.spaces.MultiDiscrete([3]), [2, 1, 0, 1], ("int64", [[2], [1]])),
+        (gym.spaces.MultiBinary(1), [1, 0, 0, 1], ("int64", [[1], [0]])),
+        (gym.spaces.Discrete(2), [1.0, 0.0, 1.0, 1.0], ("float64", [1.0, 0.0])),
+        (gym.spaces.Discrete(2), [1, 0, 1, 1], ("int64", [1, 0])),
+    ],
+    ids=["flat-list", "flat-array", "multidiscrete", "multibinary", "whole-floats", "ints"],
+)
+def test_every_action_form_the_check_takes_reaches_a_block_as_its_batch(
+    backend, space, actions, rows
+):
+    # Forms a single env takes as passed (one number per env, whole floats, Python
+    # lists) reach a block as an array of its batched action space's shape, in the
+    # caller's dtype; they were refused by aiovec's own stacking (and blamed on the env).
+    options = {"num_workers": 1} if backend == "process" else {}
+    with aiovec.VecEnv(
+        [partial(RecordingBlock, space)] * 2, envs_per_block=2, backend=backend, **options
+    ) as venv:
+        venv.reset(seed=0)
+        venv.step(actions)
+        assert [received[-1] for received in venv.get_attr("received")[::2]][0] == rows

@@ -18,11 +18,12 @@ Invariants:
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from operator import methodcaller
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium import spaces
@@ -612,19 +613,31 @@ def split_infos(info: dict[str, Any], size: int) -> list[dict[str, Any]] | None:
 
 
 def stack_actions(space: spaces.Space[Any], values: list[Any]) -> Any:
-    """One action per env as a block's batch: arrays keep the dtype the caller gave
-    them (as Gymnasium hands an env what the caller passed); other values are batched
-    as Gymnasium batches the space."""
+    """One action per env as a block's batch, in the shape of the block's batched action
+    space: numbers keep the dtype the caller gave them (as Gymnasium hands an env what
+    the caller passed: whole-number floats for a discrete space stay floats), one number
+    per env for a one-element space becomes its row; other values are batched as
+    Gymnasium batches the space."""
     first = values[0]
-    if isinstance(first, (np.ndarray, np.generic)):
-        return np.stack(values)
     if isinstance(space, spaces.Dict) and isinstance(first, dict):
         return {key: stack_actions(space[key], [v[key] for v in values]) for key in space}
     if isinstance(space, spaces.Tuple) and isinstance(first, tuple):
         return tuple(
             stack_actions(sub, [v[index] for v in values]) for index, sub in enumerate(space)
         )
+    if isinstance(space, _ARRAY_SPACES):
+        batch = np.asarray(values)
+        shape = (len(values), *cast("tuple[int, ...]", space.shape))
+        if batch.shape != shape and batch.size == math.prod(shape):
+            batch = batch.reshape(shape)  # [0.5, 0.25] for Box(0, 1, (1,)): its rows
+        return batch
+    if isinstance(first, (np.ndarray, np.generic)):
+        return np.stack(values)
     return batch_values(space, values)
+
+
+#: Spaces whose samples are numpy arrays of a fixed shape (batched by stacking rows).
+_ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
 #: What stepping one block gives: its per-row infos (or None), its error, and whether a
