@@ -190,6 +190,8 @@ def _vector_spec(
     env's keyword arguments and how it was vectorized in ``kwargs``."""
     vector_spec = copy.deepcopy(spec)
     kwargs = {**spec.kwargs, **env_kwargs}
+    if vectorization_mode == "vector_entry_point" and spec.max_episode_steps is not None:
+        kwargs.setdefault("max_episode_steps", spec.max_episode_steps)  # as make_vec passes it
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     if num_envs != 1:

@@ -186,6 +186,11 @@ class VecEnv(SplitCalls, VectorEnv):
             value, so the results are the same either way; ``True`` also refuses, as
             Gymnasium does, an observation space Gymnasium could not share (a custom
             space: ``ValueError``; Graph/Sequence: ``TypeError``).
+        daemon: as in ``AsyncVectorEnv``: with ``context="fork"``, ``"spawn"`` or
+            ``"forkserver"``, whether the workers are daemonic multiprocessing processes
+            (``False`` lets an env start processes of its own). aiovec's own workers
+            (the default context) may always start processes. Either way every worker
+            dies with this process.
         worker: ``AsyncVectorEnv``'s custom worker function: refused with a
             ``ValueError`` (aiovec's workers do not run Gymnasium's pipe protocol).
         envs_per_block: batched envs. With ``envs_per_block=k`` each of ``env_fns``
@@ -237,6 +242,7 @@ class VecEnv(SplitCalls, VectorEnv):
         shared_memory: bool | None = None,
         worker: Callable[..., None] | None = None,
         envs_per_block: int | None = None,
+        daemon: bool = True,
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
         #: Rows per batched env (``None``: single envs); ``num_envs`` is a multiple of it.
@@ -283,6 +289,7 @@ class VecEnv(SplitCalls, VectorEnv):
             concurrent_envs=plan.concurrent_envs,
             startup_timeout=startup_timeout,
             ray_options=ray_options,
+            daemon=daemon,
         )
         self._backend: Backend = build_backend(backend, hosting, options)
         self.backend = backend

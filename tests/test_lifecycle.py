@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from functools import partial
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -327,3 +330,61 @@ def test_the_leak_check_sees_descriptors_threads_and_processes():
         child.wait()
         os.close(read_end)
         os.close(write_end)
+
+
+def _child_answer(queue) -> None:
+    queue.put(42)
+
+
+class ProcessStartingEnv(CounterEnv):
+    """Starts a multiprocessing child in each step (a simulator launched that way)."""
+
+    def step(self, action):
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_child_answer, args=(queue,))
+        child.start()
+        answer = queue.get(timeout=10)
+        child.join()
+        observation, *rest = super().step(action)
+        return observation * 0 + answer, *rest
+
+
+@pytest.mark.parametrize("context", [None, "fork"])
+def test_daemon_false_lets_envs_start_processes_as_in_async_vector_env(context):
+    with aiovec.VecEnv([ProcessStartingEnv] * 2, context=context, daemon=False) as venv:
+        venv.reset(seed=0)
+        observations, *_ = venv.step(np.zeros(2, dtype=np.int64))
+    assert observations.tolist() == [[42, 42], [42, 42]]
+
+
+def test_daemonic_multiprocessing_workers_refuse_children_as_gymnasiums_do():
+    with aiovec.VecEnv([ProcessStartingEnv] * 2, context="fork") as venv:
+        venv.reset(seed=0)
+        with pytest.raises(AssertionError, match="daemonic processes are not allowed"):
+            venv.step(np.zeros(2, dtype=np.int64))
+
+
+DAEMON_FALSE_EXIT_SCRIPT = """
+import aiovec
+from tests.envs import CounterEnv
+venv = aiovec.VecEnv([CounterEnv] * 2, context="fork", daemon=False)
+venv.reset()
+print("leaving without close")
+"""
+
+
+def test_daemon_false_workers_never_hold_up_the_agents_exit():
+    # multiprocessing joins non-daemonic children at exit: workers waiting for commands
+    # would hang it. They stay daemonic to the agent; daemon=False acts in the worker.
+    result = subprocess.run(
+        [sys.executable, "-c", DAEMON_FALSE_EXIT_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "leaving without close"

@@ -66,6 +66,15 @@ def test_spec_kwargs_record_env_kwargs_render_mode_and_wrappers():
         assert gym.spec("CartPole-v1").kwargs == {}  # the registry's spec is untouched
 
 
+def test_spec_kwargs_of_batched_envs_are_make_vecs():
+    with aiovec.make(
+        "CartPole-v1", 4, vectorization_mode="vector_entry_point", backend="inline"
+    ) as venv:
+        expected = gym.make_vec("CartPole-v1", 4, "vector_entry_point")
+        expected.close()
+        assert venv.spec.kwargs == expected.spec.kwargs  # max_episode_steps=500 included
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import multiprocessing
 import os
 import pickle
 import signal
@@ -86,6 +87,7 @@ def worker_main(
     step_timeout: float | None = None,
     concurrent_envs: bool | None = None,
     envs_per_block: int | None = None,
+    daemon: bool = True,
 ) -> None:
     """Entry point of a worker process; returns when the parent says so or goes away.
 
@@ -99,6 +101,8 @@ def worker_main(
     envs (``envs_per_block`` given) are stepped one block after the other.
     """
     _die_with_parent()
+    if not daemon:  # its envs may start processes (multiprocessing refuses daemonic parents)
+        multiprocessing.current_process().daemon = False
     connection = Channel(sock)
     # Ctrl-C belongs to the agent's process, which then closes us in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -54,6 +54,7 @@ class ProcessOptions:
     inline_envs: int = 0
     concurrent_envs: bool | None = None
     startup_timeout: float | None = 300.0
+    daemon: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ def _process(hosting: Hosting, options: ProcessOptions) -> Backend:
         concurrent_envs=options.concurrent_envs,
         startup_timeout=options.startup_timeout,
         envs_per_block=hosting.envs_per_block,
+        daemon=options.daemon,
     )
 
 

@@ -135,6 +135,7 @@ class ProcessBackend(Backend):
         concurrent_envs: bool | None = None,
         startup_timeout: float | None = None,
         envs_per_block: int | None = None,
+        daemon: bool = True,
     ) -> None:
         # With envs_per_block, env_fns are factories of batched envs of that many rows.
         size = envs_per_block or 1
@@ -179,6 +180,10 @@ class ProcessBackend(Backend):
         self._unsent: set[int] = set()  # workers whose socket has bytes waiting for room
         self._async_workers: set[int] = set()  # workers of async envs (they time envs out)
         self._startup_timeout = startup_timeout
+        # daemon=False (AsyncVectorEnv's): a multiprocessing worker's envs may start
+        # processes. Set inside the worker only: to this process it stays daemonic, so
+        # that exiting without close() terminates it instead of joining it (a hang).
+        self._daemon = daemon
         # Restarted workers that have not said hello yet: (deadline, commands waiting).
         self._starting: dict[int, tuple[float, list[bytes]]] = {}
         self._start_errors: dict[int, Exception] = {}  # why a start failed, until its exit
@@ -245,6 +250,7 @@ class ProcessBackend(Backend):
             "step_timeout": self._step_timeout,
             "concurrent_envs": self._concurrent_envs,
             "envs_per_block": self._envs_per_block,
+            "daemon": self._daemon,
         }
         try:
             if self._zygote is not None:
