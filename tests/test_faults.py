@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from functools import partial
@@ -221,3 +222,19 @@ async def test_soak_random_crashes_under_restart_policy(no_leaks):
         assert received == sent
         assert venv.restart_counts.sum() > 0
         assert len(descendant_pids()) == processes
+
+
+class _SurrogateMessageEnv(CounterEnv):
+    def step(self, action):
+        path = os.fsdecode(b"/data/\xff.cfg")  # an undecodable name: a lone surrogate
+        raise RuntimeError(f"cannot load {path}")
+
+
+def test_an_error_message_with_a_lone_surrogate_keeps_its_class_and_text(backend):
+    # It used to fail its reply's encoding and arrive as "could not be sent back".
+    with aiovec.VecEnv([_SurrogateMessageEnv] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(RuntimeError, match=r"cannot load /data/") as caught:
+            venv.step(np.zeros(2, dtype=np.int64))
+    assert caught.value.env_index == 0
+    assert "\\udcff.cfg" in str(caught.value)

@@ -103,6 +103,8 @@ def test_samples_of_every_space_round_trip_exactly(name):
         True,
         None,
         "text",
+        "non-ASCII: é ✓",
+        "/data/\udcff.cfg",  # a lone surrogate (os.fsdecode of a bad name): pickled, exact
         b"\x00bytes",
         [1, [2, 3]],
         (1, "a"),

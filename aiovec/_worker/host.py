@@ -36,11 +36,21 @@ def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
         env_id=env_id,
         operation=operation,
         exc_type=type(exc).__qualname__,
-        message=str(exc),
-        traceback="".join(traceback.format_exception(exc)),
+        message=_sendable(str(exc)),
+        traceback=_sendable("".join(traceback.format_exception(exc))),
         timeout=exc.timeout if isinstance(exc, StepTimeoutError) else None,
         exc_module=type(exc).__module__,
     )
+
+
+def _sendable(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (a path decoded with
+    ``os.fsdecode``) becomes its ``\\udcxx`` escape instead of failing the reply."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 class EnvBuildError(Exception):
