@@ -671,3 +671,30 @@ def test_every_action_form_the_check_takes_reaches_a_block_as_its_batch(
         venv.reset(seed=0)
         venv.step(actions)
         assert [received[-1] for received in venv.get_attr("received")[::2]][0] == rows
+
+
+def test_actions_a_block_cannot_take_fail_that_step_and_never_restart_it(monkeypatch):
+    # Batching the caller's actions is aiovec's work, not the block's: a failure there
+    # is reported for that step, and on_failure="restart" does not throw the episodes
+    # away (it used to restart the block, answering restarted=True, silently).
+    from aiovec._worker import blocks
+
+    def refuse(space, values):
+        raise ValueError("these actions cannot be batched")
+
+    with aiovec.VecEnv(
+        [partial(RecordingBlock, gym.spaces.Discrete(2))] * 2,
+        envs_per_block=2,
+        backend="inline",
+        on_failure="restart",
+    ) as venv:
+        venv.reset(seed=0)
+        venv.step([1, 0, 1, 1])  # Python values: by value, through stack_actions
+        monkeypatch.setattr(blocks, "stack_actions", refuse)
+        with pytest.raises(ValueError, match="cannot be batched"):
+            venv.step([1, 0, 1, 1])
+        monkeypatch.undo()
+        _, _, _, truncations, infos = venv.step([0, 1, 0, 1])
+        assert not truncations.any() and "restarted" not in infos
+        assert venv.stats().env_restarts == 0
+        assert [len(received) for received in venv.get_attr("received")[::2]] == [2, 2]

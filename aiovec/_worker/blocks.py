@@ -354,6 +354,12 @@ class BlockHost(HostState):
             )
             return None, self._error(first_row, "step", error), False
         reason = self._restart_notices.pop(first_row, None)
+        actions = None
+        if reason is None and first_row not in self._owes_reset:
+            try:
+                actions = self._block_actions(first_row, command, positions)
+            except Exception as exc:  # batching the caller's actions: not the block's
+                return None, self._error(first_row, "step", exc), False  # fault, no restart
         try:
             if reason is not None:  # the worker was rebuilt: answer with the fresh block
                 return (yield from self._restarted_flow(first_row, reason)), None, False
@@ -362,7 +368,6 @@ class BlockHost(HostState):
                 observations, info = _synchronous((yield _RESET), "reset")
                 self._write(first_row, observations, 0.0, False, False)
                 return split_infos(info, size), None, False
-            actions = self._block_actions(first_row, command, positions)
             result = _synchronous((yield methodcaller("step", actions)), "step")
             observations, rewards, terminations, truncations, info = result
             self._write(first_row, observations, rewards, terminations, truncations)
