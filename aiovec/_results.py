@@ -93,6 +93,10 @@ class Results:
         self.needs_reset = np.zeros(num_envs, dtype=np.bool_)
         #: How many times each env was rebuilt after a failure (``on_failure="restart"``).
         self.restart_counts = np.zeros(num_envs, dtype=np.int64)
+        #: Lockstep and reset infos as one dict per env, as each env returned it (for
+        #: adapters to libraries whose infos are per env, like Stable-Baselines3's:
+        #: Gymnasium's batched layout would convert values to the first env's type).
+        self.infos_per_env = False
 
     # --- first-ready -------------------------------------------------------------------
 
@@ -191,16 +195,20 @@ class Results:
         # done without a failure: each has its reply
         return [(ticket, cast(Reply, ticket.reply)) for ticket in tickets]
 
-    def reset_infos(self, tickets: list[Ticket]) -> dict[str, Any]:
-        """The batched infos of a reset whose tickets are all done (or its first failure)."""
+    def reset_infos(self, tickets: list[Ticket]) -> Any:
+        """The batched infos of a reset whose tickets are all done (or its first failure);
+        a list of one dict per env with :attr:`infos_per_env`."""
         num_envs = self._num_envs
         infos: dict[str, Any] = {}
+        per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         for ticket, reply in self.replies(tickets):
             if reply.infos is not None:
                 for env_id, info in zip(ticket.env_ids, reply.infos):
-                    if info:
+                    if info and self.infos_per_env:
+                        per_env[env_id] = info
+                    elif info:
                         add_info(infos, info, env_id, num_envs)
-        return infos
+        return per_env if self.infos_per_env else infos
 
     def call_values(self, env_ids: list[int], tickets: list[Ticket]) -> tuple[Any, ...]:
         """The values of a call whose tickets are all done, in ``env_ids`` order."""
@@ -211,17 +219,19 @@ class Results:
 
     # --- shared pieces -------------------------------------------------------------------
 
-    def _collect_infos(self, env_ids: list[int]) -> dict[str, Any]:
+    def _collect_infos(self, env_ids: list[int]) -> Any:
+        """The infos of ``env_ids``' step results, batched (a list with
+        :attr:`infos_per_env`); also marks the envs ``DISABLED`` mode must reset."""
         if self._disabled:
             buffers = self._buffers
             self.needs_reset[env_ids] = buffers.terminations[env_ids] | buffers.truncations[env_ids]
         infos = self._scheduler.infos
-        if not infos:  # the common case for many envs: nothing to batch
+        if not infos and not self.infos_per_env:  # the common case: nothing to batch
             return {}
         # cast: under `or {}`, mypy picks the dict.pop overload that refuses None
         batch = [cast("dict[str, Any] | None", infos.pop(i, None)) or {} for i in env_ids]
         self._count_restarts(env_ids, batch)
-        return batch_infos(batch)
+        return batch if self.infos_per_env else batch_infos(batch)
 
     def _count_restarts(self, env_ids: list[int], infos: Sequence[dict[str, Any] | None]) -> None:
         """Count the envs whose info says they were rebuilt (``on_failure="restart"``)."""

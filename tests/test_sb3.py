@@ -205,3 +205,60 @@ def test_attribute_helpers_keep_sb3_out_of_workers():
     imported = env.venv.apply(lambda _: sorted(m for m in sys.modules if "stable_baselines3" in m))
     assert imported == ([],) * 2
     env.close()
+
+
+class InfoEnv(gym.Env):
+    """Infos whose values differ in type, presence and shape from env to env; records
+    the options of each reset."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.options: list = []
+
+    def _info(self) -> dict:
+        if self.index == 0:
+            return {"score": 1, "success": True, "dist": 0.5, "vec": np.arange(1)}
+        return {"score": 0.75, "success": 2, "dist": None, "vec": np.arange(2)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.options.append(options)
+        return 0, self._info()
+
+    def step(self, action):
+        return 0, 0.0, False, False, self._info()
+
+
+def test_infos_reach_sb3_as_each_env_returned_them(backend):
+    # As SubprocVecEnv passes them on: not through Gymnasium's batched layout, which
+    # took each key's type from the first env (0.75 -> 0, None -> nan or a TypeError,
+    # arrays of another shape -> ValueError).
+    expected = [
+        {"score": 1, "success": True, "dist": 0.5, "vec": [0]},
+        {"score": 0.75, "success": 2, "dist": None, "vec": [0, 1]},
+    ]
+
+    def plain(info):
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in info.items()}
+
+    venv = aiovec.VecEnv(
+        [lambda i=i: InfoEnv(i) for i in range(2)],
+        backend=backend,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    env = SB3VecEnv(venv)
+    env.reset()
+    assert [plain(info) for info in env.reset_infos] == expected
+    _, _, _, infos = env.step(np.zeros(2, dtype=np.int64))
+    assert [plain({k: v for k, v in i.items() if k != "TimeLimit.truncated"}) for i in infos] == (
+        expected
+    )
+    assert [type(info["score"]) for info in infos] == [int, float]  # Python types kept
+    env.set_options([{"level": 3}, {}])
+    env.reset()
+    # An env given no options gets None, as from SubprocVecEnv (not {}).
+    assert [options[-1] for options in env.get_attr("options")] == [{"level": 3}, None]
+    env.close()

@@ -30,25 +30,12 @@ import aiovec
 from aiovec.integrations import _sb3_env_side as env_side
 
 
-def unbatch_infos(infos: dict[str, Any], num_envs: int) -> list[dict[str, Any]]:
-    """Gymnasium's vector infos (arrays plus ``_key`` masks) as one dict per env."""
-    result: list[dict[str, Any]] = [{} for _ in range(num_envs)]
-    for key, value in infos.items():
-        if key.startswith("_"):
-            continue
-        mask = infos.get(f"_{key}")
-        present = range(num_envs) if mask is None else np.flatnonzero(mask)
-        per_env = unbatch_infos(value, num_envs) if isinstance(value, dict) else value
-        for index in present:
-            result[index][key] = per_env[index]
-    return result
-
-
 class SB3VecEnv(VecEnv):
     """Wraps an :class:`aiovec.VecEnv` (created with ``autoreset_mode=SAME_STEP``) as a
     Stable-Baselines3 ``VecEnv``: ``step_async``/``step_wait``, ``reset`` with
-    ``seed``/``set_options``, ``reset_infos``, ``terminal_observation`` and
-    ``TimeLimit.truncated`` in infos, and ``get_attr``/``set_attr``/``env_method``/
+    ``seed``/``set_options``, ``reset_infos``, each env's infos as it returned them (not
+    through Gymnasium's batched layout) with ``terminal_observation`` and
+    ``TimeLimit.truncated``, and ``get_attr``/``set_attr``/``env_method``/
     ``env_is_wrapped`` with ``indices``.
 
     It behaves as SB3's ``SubprocVecEnv`` where SB3's own tests look: actions come one
@@ -71,13 +58,17 @@ class SB3VecEnv(VecEnv):
                 "aiovec.integrations.sb3.make_sb3_vec_env()"
             )
         self.venv = venv
+        # Infos as each env returned them, as SubprocVecEnv passes them on: Gymnasium's
+        # batched layout would convert one env's values to another's type (0.75 -> 0).
+        venv._results.infos_per_env = True
         super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
 
     def reset(self) -> Any:
         seeds = None if all(seed is None for seed in self._seeds) else list(self._seeds)
-        options = self._options if any(self._options) else None
+        # An env without options gets none (None), as from SubprocVecEnv, not {}.
+        options = [option or None for option in self._options] if any(self._options) else None
         observations, infos = self.venv.reset(seed=seeds, options=options)
-        self.reset_infos = unbatch_infos(infos, self.num_envs)
+        self.reset_infos = [dict(info) for info in cast("list[dict[str, Any]]", infos)]
         self._reset_seeds()
         self._reset_options()
         return observations
@@ -106,7 +97,8 @@ class SB3VecEnv(VecEnv):
     def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         observations, rewards, terminations, truncations, infos = self.venv.step_wait()
         dones = terminations | truncations
-        per_env = unbatch_infos(infos, self.num_envs)
+        # Per env already (see __init__), whatever VecEnv's signature says.
+        per_env = [dict(info) for info in cast("list[dict[str, Any]]", infos)]
         for index in range(self.num_envs):
             info = per_env[index]
             if dones[index]:  # the info of the finished episode; the reset's goes aside
