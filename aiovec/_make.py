@@ -49,7 +49,7 @@ def make(
     | Sequence[dict[str, Any]]
     | Callable[[int], dict[str, Any]]
     | None = None,
-    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = (),
     backend: str = "auto",
     render_mode: str | None = None,
     vectorization_mode: str | None = None,
@@ -117,6 +117,7 @@ def make(
         ...     observations.shape
         (4, 4)
     """
+    wrappers = wrappers or ()  # None, as gymnasium.make_vec takes it
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
     spec = None

@@ -858,6 +858,15 @@ class VecEnv(SplitCalls, VectorEnv):
             self._pending_dropped_quietly = True  # nobody to warn at garbage collection
             self.close(terminate=True)
 
+    def __reduce__(self) -> Any:
+        # Pickling, copy.copy and copy.deepcopy all come here: say why, not that a lock
+        # deep inside cannot be pickled.
+        raise TypeError(
+            "a VecEnv cannot be pickled or copied: it owns worker processes, shared memory "
+            "and an event loop's state. Pickle or copy what builds it instead (the env "
+            "factories, or aiovec.make's arguments) and create a new VecEnv from them"
+        )
+
     def __repr__(self) -> str:
         name = f"{self.spec.id}, " if self.spec is not None else ""
         blocks = "" if self.envs_per_block is None else f", envs_per_block={self.envs_per_block}"

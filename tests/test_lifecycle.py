@@ -388,3 +388,16 @@ def test_daemon_false_workers_never_hold_up_the_agents_exit():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "leaving without close"
+
+
+@pytest.mark.parametrize("copier", ["pickle", "copy", "deepcopy"])
+def test_a_vec_env_cannot_be_pickled_or_copied_and_says_why(copier):
+    import copy
+    import pickle
+
+    copiers = {"pickle": pickle.dumps, "copy": copy.copy, "deepcopy": copy.deepcopy}
+    with aiovec.VecEnv([CounterEnv] * 2, backend="inline") as venv:
+        venv.reset(seed=0)
+        with pytest.raises(TypeError, match="cannot be pickled or copied: it owns worker"):
+            copiers[copier](venv)
+        venv.step(np.zeros(2, dtype=np.int64))  # still usable

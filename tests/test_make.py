@@ -214,3 +214,8 @@ def test_auto_keeps_every_env_out_of_the_agent_when_isolation_is_asked_for(optio
         assert venv.inline_envs == 0
         venv.reset(seed=0)
         venv.step(venv.action_space.sample())
+
+
+def test_wrappers_none_as_make_vec_takes_it():
+    with aiovec.make("CartPole-v1", 2, wrappers=None, backend="inline") as venv:
+        assert venv.reset(seed=0)[0].shape == (2, 4)
