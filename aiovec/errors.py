@@ -212,19 +212,24 @@ class StartupTimeoutError(AiovecError, TimeoutError):
     """
 
     def __init__(
-        self, env_ids: Sequence[int], timeout: float | None, worker_index: int | None = None
+        self,
+        env_ids: Sequence[int],
+        timeout: float | None,
+        worker_index: int | None = None,
+        hint: str = "",
     ) -> None:
         self.env_ids = list(env_ids)
         self.timeout = timeout
         self.worker_index = worker_index
+        self.hint = hint
         super().__init__(
-            f"envs {self.env_ids} were not built within startup_timeout={timeout} s (their "
-            "constructor hangs or is slow); pass a larger startup_timeout= if building "
-            "them takes longer"
+            f"envs {self.env_ids} were not built within startup_timeout={timeout} s "
+            + (hint or "(their constructor hangs or is slow)")
+            + "; pass a larger startup_timeout= if building them takes longer"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.env_ids, self.timeout, self.worker_index))
+        return (type(self), (self.env_ids, self.timeout, self.worker_index, self.hint))
 
 
 class ClosedError(AiovecError, gymnasium.error.ClosedEnvironmentError):

@@ -169,7 +169,7 @@ class VecEnv(SplitCalls, VectorEnv):
             the same time, as in ``gymnasium.vector.AsyncVectorEnv``: the process
             backend then uses that many workers (fewer if ``num_workers`` says so), each
             stepping its envs one after the other. ``None``: no limit.
-        startup_timeout: process backend: seconds a worker may take to build its envs
+        startup_timeout: process and Ray backends: seconds a worker may take to build its envs
             (at construction, and when it is rebuilt under ``on_failure="restart"``);
             past that it is killed and :class:`aiovec.StartupTimeoutError` names the
             envs. Default 5 minutes (generous: simulators can be slow to start);

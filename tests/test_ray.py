@@ -428,3 +428,19 @@ def test_a_failing_block_in_an_actor_is_restarted():
         np.testing.assert_array_equal(truncated, [False, False, True, True])
         np.testing.assert_array_equal(infos["_restarted"], [False, False, True, True])
         np.testing.assert_array_equal(venv.restart_counts, [0, 0, 1, 1])
+
+
+def test_actors_ray_cannot_place_are_a_startup_timeout_naming_the_cause():
+    # 3 actors of num_cpus=1 on a 2-CPU cluster: the third is never placed. Waiting for
+    # it had no bound (startup_timeout was ignored): the constructor hung for good.
+    with pytest.raises(aiovec.StartupTimeoutError, match="Ray cannot place every actor") as e:
+        aiovec.VecEnv(
+            [partial(CounterEnv, i) for i in range(3)],
+            backend="ray",
+            num_workers=3,
+            startup_timeout=3,
+        )
+    assert "need 3 CPUs, and the cluster has 2" in str(e.value)
+    # Nothing is left holding the cluster's CPUs: the next vector env starts.
+    with aiovec.VecEnv([CounterEnv] * 2, backend="ray", num_workers=2) as venv:
+        assert venv.reset(seed=0)[0].shape == (2, 2)

@@ -63,6 +63,7 @@ class RayOptions:
 
     num_workers: int | None = None
     ray_options: dict[str, Any] = field(default_factory=dict)
+    startup_timeout: float | None = 300.0
 
 
 Options = InlineOptions | CoroutineOptions | ProcessOptions | RayOptions
@@ -118,6 +119,7 @@ def _ray(hosting: Hosting, options: RayOptions) -> Backend:
         dict(options.ray_options),
         hosting.step_timeout,
         envs_per_block=hosting.envs_per_block,
+        startup_timeout=options.startup_timeout,
     )
 
 

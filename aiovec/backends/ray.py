@@ -26,6 +26,7 @@ import asyncio
 import secrets
 import select
 import socket
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -49,7 +50,7 @@ from aiovec.backends._base import (
     split_groups,
 )
 from aiovec.backends._ray_actor import TOKEN_SIZE, EnvActor, answer_decoder
-from aiovec.errors import WorkerCrashedError
+from aiovec.errors import StartupTimeoutError, WorkerCrashedError
 
 try:
     import ray
@@ -82,6 +83,7 @@ class RayBackend(Backend):
         ray_options: dict[str, Any] | None = None,
         step_timeout: float | None = None,
         envs_per_block: int | None = None,
+        startup_timeout: float | None = 300.0,
     ) -> None:
         options = dict(ray_options or {})
         transport = options.pop("transport", None)
@@ -115,7 +117,9 @@ class RayBackend(Backend):
         ]
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
-        self._actor_class = ray.remote(num_cpus=options.pop("num_cpus", 1))(EnvActor)
+        self._cpus_per_actor = options.pop("num_cpus", 1)
+        self._actor_class = ray.remote(num_cpus=self._cpus_per_actor)(EnvActor)
+        self._startup_timeout = startup_timeout
         self._concurrent = options.pop("concurrent_envs", None)
         actors_per_node = options.pop("actors_per_node", None)
         self._actor_options = options  # the rest: resources, scheduling_strategy, ...
@@ -130,9 +134,12 @@ class RayBackend(Backend):
         try:
             if actors_per_node is not None:
                 self._placement = _spread(num_workers, actors_per_node)
+            deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
             for worker in range(num_workers):
                 self._start(worker)
-            self.descriptions = [d for worker in range(num_workers) for d in self._describe(worker)]
+            self.descriptions = [
+                d for worker in range(num_workers) for d in self._describe(worker, deadline)
+            ]
         except BaseException:
             self.close(0)
             raise
@@ -150,9 +157,14 @@ class RayBackend(Backend):
         )
         self._owed[worker] = 0
 
-    def _describe(self, worker: int) -> list[Any]:
+    def _describe(self, worker: int, deadline: float | None) -> list[Any]:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            description = ray.get(self._actors[worker].describe.remote())
+            description = ray.get(self._actors[worker].describe.remote(), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise StartupTimeoutError(
+                self.groups[worker], self._startup_timeout, hint=self._placement_hint()
+            ) from None
         except ray.exceptions.RayActorError as exc:
             hint = f"its Ray actor died while building its envs: {exc}".split("\n")[0]
             raise WorkerCrashedError(worker, self.groups[worker], None, hint) from exc
@@ -163,6 +175,20 @@ class RayBackend(Backend):
         if cancels_late_envs:
             self._cancelling.add(worker)
         return descriptions
+
+    def _placement_hint(self) -> str:
+        """Why an actor may not have started: the usual cause is that Ray cannot place
+        it (each asks ``num_cpus`` and keeps it while it lives), not a slow constructor."""
+        total = ray.cluster_resources().get("CPU", 0)
+        asked = self._cpus_per_actor * self.num_workers
+        if asked <= total:
+            return "(their constructor hangs or is slow, or Ray cannot place their actor)"
+        return (
+            f"(Ray cannot place every actor: {self.num_workers} actors asking "
+            f"num_cpus={self._cpus_per_actor} each need {asked:g} CPUs, and the cluster has "
+            f"{total:g}; pass fewer num_workers=, or ray_options={{'num_cpus': ...}} with "
+            "less per actor)"
+        )
 
     def cancels_late_envs(self, worker: int) -> bool:
         return worker in self._cancelling
@@ -246,7 +272,8 @@ class RayBackend(Backend):
 
     def restart(self, worker: int, reason: str) -> None:
         self._start(worker, restart_reason=reason)
-        self._describe(worker)
+        timeout = self._startup_timeout
+        self._describe(worker, None if timeout is None else time.monotonic() + timeout)
         ray.get(self._actors[worker].attach.remote(*self._spaces))
         self._transport.open(worker)
         self._dead.discard(worker)
