@@ -91,6 +91,18 @@ class Heartbeat:
         self._task.cancel()
 
 
+def run_python(source: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` with ``python -c`` from the repository root (so that it can import
+    ``tests``), with its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", source],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).parent.parent,
+    )
+
+
 def start_agent(tmp_path: Path, source: str) -> tuple[subprocess.Popen, list[int]]:
     """Run ``source`` as a script that prints its worker pids on its first line; return
     the process and those pids."""

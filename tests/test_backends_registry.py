@@ -39,9 +39,14 @@ def test_keyword_arguments_are_sorted_into_each_backend_s_options():
         "concurrent_envs": True,
         "startup_timeout": 10.0,
         "ray_options": None,
+        "daemon": False,
     }
-    assert backend_options("process", **settings) == ProcessOptions(3, "spawn", 0.0, 1, True, 10.0)
-    assert backend_options("ray", **settings) == RayOptions(num_workers=3, ray_options={})
+    assert backend_options("process", **settings) == ProcessOptions(
+        3, "spawn", 0.0, 1, True, 10.0, daemon=False
+    )
+    assert backend_options("ray", **settings) == RayOptions(
+        num_workers=3, ray_options={}, startup_timeout=10.0
+    )
     assert backend_options("inline", **settings) == InlineOptions()
     assert backend_options("coroutine", **settings) == CoroutineOptions()
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from functools import partial
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -18,7 +16,7 @@ import pytest
 import aiovec
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv, SpacesEnv
-from tests.helpers import start_agent
+from tests.helpers import run_python, start_agent
 
 
 class RaisingEnv(CounterEnv):
@@ -303,7 +301,6 @@ def test_workers_die_with_the_agent_while_an_env_is_hung(tmp_path, parent_signal
 
 def test_the_leak_check_sees_descriptors_threads_and_processes():
     """The no_leaks fixture can fail: it sees what a test leaves behind."""
-    import subprocess
 
     from tests.conftest import _leftovers, open_descriptors, shm_entries, worker_processes
 
@@ -379,13 +376,7 @@ print("leaving without close")
 def test_daemon_false_workers_never_hold_up_the_agents_exit():
     # multiprocessing joins non-daemonic children at exit: workers waiting for commands
     # would hang it. They stay daemonic to the agent; daemon=False acts in the worker.
-    result = subprocess.run(
-        [sys.executable, "-c", DAEMON_FALSE_EXIT_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).parent.parent,
-    )
+    result = run_python(DAEMON_FALSE_EXIT_SCRIPT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "leaving without close"
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 import time
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +14,7 @@ import aiovec
 from tests.async_envs import AsyncCounterEnv, StubbornAsyncEnv
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv
+from tests.helpers import run_python
 
 BOUND = 30
 
@@ -76,13 +74,7 @@ print("closed")
 def test_an_abandoned_close_is_reported_once_in_aiovecs_words():
     # The sync API closes aiovec's own loop over the abandoned closes: asyncio would
     # print "Task was destroyed but it is pending!" per env at exit.
-    result = subprocess.run(
-        [sys.executable, "-c", ABANDONED_CLOSE_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-        cwd=Path(__file__).parent.parent,
-    )
+    result = run_python(ABANDONED_CLOSE_SCRIPT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "closed"
     assert "2 env close() call(s) did not finish within close_timeout=0.2 s" in result.stderr
