@@ -198,7 +198,7 @@ def to_wire(value: Any) -> Any:
     if kind in _NATIVE_TYPES:
         if kind is int and not -(2**63) <= value < 2**64:
             return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(value))
-        if kind is str and not value.isascii() and not _is_utf8(value):
+        if kind is str and not is_utf8(value):
             return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(value))  # lone surrogates
         return value
     if kind is dict and all(type(key) is str for key in value):
@@ -213,9 +213,11 @@ def to_wire(value: Any) -> Any:
     return msgspec.msgpack.Ext(_PICKLE_EXT, cloudpickle.dumps(value))
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
     """Whether msgpack can carry ``text`` as a string (a lone surrogate, e.g. from
     ``os.fsdecode`` of an undecodable file name, cannot be UTF-8 encoded)."""
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -332,9 +332,7 @@ def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int
 
     def check(batch: Any, count: int) -> Checked:
         array = np.asarray(batch)
-        flat = one_element and array.shape == (count,)
-        if not flat:
-            _check_shape(array, count, shape, space, path)
+        flat = _check_shape(array, count, shape, space, path, one_element)
         if array.dtype.kind not in "biuf":
             raise TypeError(f"{path}: expected numbers for {space}, got dtype {array.dtype}")
         if _holds_python_values(batch):
@@ -367,9 +365,7 @@ def _discrete_checker(
 
     def check(batch: Any, count: int) -> Checked:
         array = np.asarray(batch)  # the caller's values: checked before any cast
-        flat = one_element and array.shape == (count,)
-        if not flat:
-            _check_shape(array, count, shape, space, path)
+        flat = _check_shape(array, count, shape, space, path, one_element)
         kind = array.dtype.kind
         if kind not in "biuf":
             raise TypeError(f"{path}: expected integers for {space}, got dtype {array.dtype}")
@@ -414,8 +410,18 @@ def _has_one_element(shape: tuple[int, ...]) -> bool:
 
 
 def _check_shape(
-    array: np.ndarray, count: int, shape: tuple[int, ...], space: spaces.Space[Any], path: str
-) -> None:
+    array: np.ndarray,
+    count: int,
+    shape: tuple[int, ...],
+    space: spaces.Space[Any],
+    path: str,
+    one_element: bool = False,
+) -> bool:
+    """Check that ``array`` is ``count`` rows of ``shape``; with ``one_element`` (see
+    :func:`_has_one_element`), one number per env is taken too. Returns whether the
+    batch is such a flat one."""
+    if one_element and array.shape == (count,):
+        return True
     if array.ndim == 0:
         raise TypeError(
             f"{path}: got the scalar {_preview(array.item())}, but a vector env steps with a "
@@ -426,6 +432,7 @@ def _check_shape(
             f"{path}: expected shape {(count, *shape)} (one row of {space} per env), "
             f"got {array.shape}"
         )
+    return False
 
 
 @batch_checker.register(spaces.Dict)

@@ -23,7 +23,16 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from aiovec._transport.buffers import Buffers
-from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
+from aiovec._transport.protocol import (
+    Call,
+    EnvCommand,
+    ErrorInfo,
+    Reply,
+    Reset,
+    SetAttr,
+    Step,
+    is_utf8,
+)
 from aiovec._transport.spaces import is_shareable, read_row, row_writer
 from aiovec._worker.threads import EnvThreads
 from aiovec.async_env import AsyncEnv
@@ -46,11 +55,9 @@ def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
 def _sendable(text: str) -> str:
     """``text`` as UTF-8 can carry it: a lone surrogate (a path decoded with
     ``os.fsdecode``) becomes its ``\\udcxx`` escape instead of failing the reply."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+    if is_utf8(text):
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class EnvBuildError(Exception):
