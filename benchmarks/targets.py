@@ -127,6 +127,14 @@ TARGETS = [
     Target("W3: VecEnv(fns) default first-ready >= 0.9 of ideal",
            lambda d: ratio(rate(d, "W3", "aiovec VecEnv(fns) default (first-ready"),
                            ideal(d, "W3")), 0.9),
+    # Context for the target above, from the same run: the same envs, each stepped by
+    # its own thread with no runtime at all. Sleeps overrun on every machine, so this is
+    # below 1.0; where it is near 0.9 the target above cannot be met by any runtime.
+    Target("W3 context: ceiling (one thread per env, no runtime) >= 0.9 of ideal",
+           lambda d: ratio(rate(d, "W3", "ceiling"), ideal(d, "W3")), 0.9),
+    Target("W3: VecEnv(fns) default first-ready >= 0.9 of that ceiling",
+           lambda d: ratio(rate(d, "W3", "aiovec VecEnv(fns) default (first-ready"),
+                           rate(d, "W3", "ceiling")), 0.9),
     Target("W3: VecEnv(fns) default lockstep >= Async",
            lambda d: speedup_per_step(d, "W3", "aiovec VecEnv(fns) default (lockstep", ASYNC),
            1.0),

@@ -46,6 +46,9 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     assert "### Memory: 2 CartPole-v1 envs" in result.stdout
     w6_rates = {r["name"]: r["median_steps_per_s"] for r in data["workloads"][2]["results"]}
     assert w6_rates["bare asyncio tasks, one loop (floor: no env runtime)"] > 0
+    # W3's waiting envs are also stepped with no runtime at all, one thread each
+    w3_rates = {r["name"]: r["median_steps_per_s"] for r in data["workloads"][1]["results"]}
+    assert w3_rates["ceiling: one thread per env, no runtime"] > 0
     # the targets checker reads the same results
     checker = Path(__file__).resolve().parent.parent / "benchmarks" / "targets.py"
     targets = subprocess.run(
@@ -57,6 +60,8 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     assert targets.returncode == 0, targets.stderr
     assert "| Memory, 64 envs: process <= 1/8 of Async's |" in targets.stdout
     assert "PASS" in targets.stdout or "MISS" in targets.stdout
+    ceiling_rows = [line for line in targets.stdout.splitlines() if "that ceiling" in line]
+    assert len(ceiling_rows) == 1 and "not run" not in ceiling_rows[0]
     assert "| W4 8 envs: make default lockstep >= 0.88 of the CPU limit | not run | - |" in (
         targets.stdout
     )

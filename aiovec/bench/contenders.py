@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -174,6 +175,51 @@ class BareAsyncioFloor(Contender):
             task.cancel()
         self._loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
         self._loop.close()
+
+
+class ThreadsCeiling(Contender):
+    """Not a vector env: each of ``num_envs`` envs stepped by its own thread in this
+    process, in a tight loop, with nothing in between. For envs that wait (sleep, IO)
+    this is what the machine's timers and scheduler allow before any runtime is added:
+    a sleep overruns its time by tens to hundreds of microseconds, and a runtime can
+    only add to that."""
+
+    library = "ceiling"
+    name = "ceiling: one thread per env, no runtime"
+
+    def start(self) -> None:
+        self._envs = [self.env_fn() for _ in range(self.num_envs)]
+        for index, env in enumerate(self._envs):
+            env.reset(seed=index)
+            env.action_space.seed(index)
+        self._actions = [env.action_space.sample() for env in self._envs]
+
+    def run(self, seconds: float) -> int:
+        counts = [0] * self.num_envs
+        deadline = time.perf_counter() + seconds
+
+        def step_until_deadline(index: int) -> None:
+            env, action, steps = self._envs[index], self._actions[index], 0
+            while time.perf_counter() < deadline:
+                _, _, terminated, truncated, _ = env.step(action)
+                if terminated or truncated:
+                    env.reset()
+                steps += 1
+            counts[index] = steps
+
+        threads = [
+            threading.Thread(target=step_until_deadline, args=(index,))
+            for index in range(self.num_envs)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sum(counts)
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
 
 
 class ParallelCeiling(Contender):

@@ -20,6 +20,7 @@ from aiovec.bench.contenders import (
     ParallelCeiling,
     RayActorPerEnv,
     SB3Lockstep,
+    ThreadsCeiling,
     ensure_ray,
     lockstep_contenders,
     ray_available,
@@ -138,6 +139,8 @@ def _latency_workload(
                     )
                 )
         result += lockstep_contenders(env_fn, num_envs, include=("sync", "async"))
+        if mode == "sleep":  # waiting envs: what the machine allows with no runtime at all
+            result.append(ThreadsCeiling(**common))
         if sb3_available():
             result.append(SB3Lockstep("SubprocVecEnv", **common))
         if with_ray and ray_available():
