@@ -52,6 +52,7 @@ class SpacesEnv(gym.Env):
             "value": float(self.np_random.random()),
             "vector": np.full(2, self.steps, dtype=np.int32),
             "nested": {"x": np.float32(self.steps / 2)},
+            "zero_d": np.array(self.steps),  # a 0-d array, batched as Gymnasium batches it
         }
         if self.steps % 2:
             info["odd"] = "yes"

@@ -27,6 +27,10 @@ SPACE_CASES = {
         spaces.Tuple((BOX, spaces.Dict({"flag": spaces.MultiBinary(2)}))),
         spaces.Tuple((spaces.Discrete(2), spaces.MultiDiscrete([2, 2]))),
     ),
+    "scalar box-scalar box": (
+        spaces.Box(-1, 1, (), np.float32),
+        spaces.Box(-1, 1, (), np.float64),
+    ),
     "image-discrete": (spaces.Box(0, 255, (16, 16, 3), np.uint8), spaces.Discrete(2)),
     "text-discrete": (spaces.Text(8), spaces.Discrete(2)),
     "discrete-text": (spaces.Discrete(4), spaces.Text(5)),

@@ -50,6 +50,7 @@ def assert_exact(actual, expected, path="value"):
     assert type(actual) is type(expected), f"{path}: {type(actual)} is not {type(expected)}"
     if isinstance(expected, np.ndarray | np.generic):
         assert actual.dtype == expected.dtype, f"{path}: {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{path}: {actual.shape} != {expected.shape}"
         np.testing.assert_array_equal(actual, expected, err_msg=path)
     elif isinstance(expected, dict):
         assert list(actual) == list(expected), path
@@ -115,6 +116,9 @@ def test_samples_of_every_space_round_trip_exactly(name):
         np.bool_(True),
         np.array(["a", "bc"]),  # not a numeric dtype: pickled
         np.zeros((0, 4), np.float64),
+        np.array(7),  # 0-d arrays stay 0-d (not shape (1,))
+        np.array(0.5, np.float32),
+        np.ones((1, 1, 1), np.uint8),
         np.asfortranarray(np.arange(6.0).reshape(2, 3)),
         np.arange(10)[::3],  # not contiguous
         {1, 2},

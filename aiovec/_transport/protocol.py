@@ -206,7 +206,11 @@ def to_wire(value: Any) -> Any:
     if kind is list:
         return [to_wire(item) for item in value]
     if (kind is np.ndarray or isinstance(value, np.generic)) and value.dtype.kind in "biufc":
-        array = np.ascontiguousarray(value) if kind is np.ndarray else np.asarray(value)
+        # Not np.ascontiguousarray alone: it turns a 0-d array into shape (1,).
+        if kind is not np.ndarray:
+            array = np.asarray(value)
+        else:
+            array = value if value.flags.c_contiguous else np.ascontiguousarray(value)
         header = msgspec.msgpack.encode((array.dtype.str, array.shape, kind is not np.ndarray))
         prefix = len(header).to_bytes(2, "little")
         return msgspec.msgpack.Ext(_NUMPY_EXT, prefix + header + array.tobytes())
