@@ -247,9 +247,20 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
     return [pid for pid in pids if pid_alive(pid)]
 
 
-@pytest.mark.parametrize("parent_signal", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "parent_signal, context",
+    [
+        (signal.SIGKILL, None),
+        (signal.SIGTERM, None),
+        # Every start method: a forkserver's workers are not the agent's children, so
+        # the kernel's parent-death signal alone would leave them running.
+        (signal.SIGKILL, "fork"),
+        (signal.SIGKILL, "spawn"),
+        (signal.SIGKILL, "forkserver"),
+    ],
+)
 @pytest.mark.parametrize("where", ["step", "constructor"])
-def test_workers_die_with_the_agent_while_an_env_is_hung(tmp_path, parent_signal, where):
+def test_workers_die_with_the_agent_while_an_env_is_hung(tmp_path, parent_signal, context, where):
     """Every helper process (workers and whatever starts them) is gone within about a
     second of the agent, even while an env is stuck in its step or its constructor."""
     from aiovec.bench.system import descendant_pids
@@ -281,10 +292,11 @@ def test_workers_die_with_the_agent_while_an_env_is_hung(tmp_path, parent_signal
                     while True:
                         pass
 
-            venv = aiovec.VecEnv([HangingEnv, HangingEnv], num_workers=2)
-            venv.reset()
-            print("", flush=True)
-            venv.step([0, 0])
+            if __name__ == "__main__":
+                venv = aiovec.VecEnv([HangingEnv, HangingEnv], num_workers=2, context={context!r})
+                venv.reset()
+                print("", flush=True)
+                venv.step([0, 0])
         """,
     )
     try:

@@ -6,8 +6,9 @@ Protocol on the worker's channel (a socket pair):
    pickled ``(observation_space, action_space, num_envs, size)``;
 3. then one ``Reply`` per command, in order, until ``Close`` or end of file.
 
-The worker dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, and end of file on the
-connection everywhere.
+The worker dies with the agent: ``PR_SET_PDEATHSIG`` on Linux (and a watch on the
+agent's pidfd when its parent is a forkserver), and end of file on the connection
+everywhere.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import ctypes
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -51,7 +54,12 @@ from aiovec._worker.thread_server import ThreadedEnvServer
 from aiovec.async_env import AsyncEnv
 
 
-def _die_with_parent() -> None:
+def _die_with_agent(agent_pid: int | None) -> None:
+    """Be killed when the agent dies, even while an env hangs (end of file on the
+    channel only stops a worker that reads it). The kernel's parent-death signal covers
+    a worker the agent started itself, and a zygote's (the zygote dies with the agent);
+    a worker whose parent is some other long-lived process (multiprocessing's
+    forkserver) also watches the agent's pidfd from a thread."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -60,6 +68,23 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # no prctl: end of file on the pipe still stops us
         pass
+    if agent_pid is None or os.getppid() == agent_pid or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        agent = os.pidfd_open(agent_pid)
+    except ProcessLookupError:  # gone already
+        os.kill(os.getpid(), signal.SIGKILL)
+        return
+    except OSError:  # no pidfd here (Linux < 5.3): end of file still stops a reading worker
+        return
+
+    def kill_when_the_agent_exits() -> None:
+        select.select([agent], [], [])  # readable once the agent has exited
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(
+        target=kill_when_the_agent_exits, name="aiovec-agent-watch", daemon=True
+    ).start()
 
 
 def _yield_to_the_agent_on_wakeup() -> None:
@@ -88,6 +113,7 @@ def worker_main(
     concurrent_envs: bool | None = None,
     envs_per_block: int | None = None,
     daemon: bool = True,
+    agent_pid: int | None = None,
 ) -> None:
     """Entry point of a worker process; returns when the parent says so or goes away.
 
@@ -100,7 +126,7 @@ def worker_main(
     other. ``concurrent_envs=None`` decides from the first steps' CPU share. Batched
     envs (``envs_per_block`` given) are stepped one block after the other.
     """
-    _die_with_parent()
+    _die_with_agent(agent_pid)
     if not daemon:  # its envs may start processes (multiprocessing refuses daemonic parents)
         multiprocessing.current_process().daemon = False
     connection = Channel(sock)

@@ -251,6 +251,8 @@ class ProcessBackend(Backend):
             "concurrent_envs": self._concurrent_envs,
             "envs_per_block": self._envs_per_block,
             "daemon": self._daemon,
+            # A forkserver's workers watch the agent themselves; the zygote's die with it.
+            "agent_pid": None if self._zygote is not None else os.getpid(),
         }
         try:
             if self._zygote is not None:
