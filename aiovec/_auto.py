@@ -99,6 +99,15 @@ class _AsyncEnvFound(Exception):
     pass
 
 
+def backend_for_async_envs(num_envs: int) -> dict[str, Any]:
+    """``VecEnv`` options for ``num_envs`` envs of which some are async: one event loop,
+    or one per core from :data:`MANY_ASYNC_ENVS` on."""
+    cores = os.cpu_count() or 1
+    if num_envs >= MANY_ASYNC_ENVS and cores > 1:
+        return {"backend": "process", "num_workers": cores}
+    return {"backend": "coroutine"}
+
+
 def choose_backend(
     env_fn: Callable[[], gym.Env], num_envs: int, isolate: bool = False
 ) -> dict[str, Any]:
@@ -114,9 +123,7 @@ def choose_backend(
     try:
         probe = _probe(env_fn)
     except _AsyncEnvFound:
-        if num_envs >= MANY_ASYNC_ENVS and cores > 1:
-            return {"backend": "process", "num_workers": cores}
-        return {"backend": "coroutine"}
+        return backend_for_async_envs(num_envs)
     except Exception:
         return {"backend": "process"}
     if probe.mostly_waits:

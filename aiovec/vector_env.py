@@ -23,6 +23,7 @@ from gymnasium import logger
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from aiovec._auto import backend_for_async_envs
 from aiovec._checks import (
     block_autoreset_mode,
     brief,
@@ -53,7 +54,7 @@ from aiovec._transport.spaces import (
 )
 from aiovec._worker.host import EnvDescription
 from aiovec.backends import Hosting, backend_options, build_backend
-from aiovec.backends._base import Backend
+from aiovec.backends._base import AsyncEnvsHereError, Backend
 from aiovec.errors import (
     ClosedError,
     EnvBusyError,
@@ -252,6 +253,7 @@ class VecEnv(SplitCalls, VectorEnv):
         if worker is not None:
             refuse_custom_worker(worker)
         env_fns = check_factories(env_fns)
+        requested_backend = backend
         plan = plan_backend(
             backend,
             env_fns,
@@ -280,18 +282,30 @@ class VecEnv(SplitCalls, VectorEnv):
             envs_per_block=self.envs_per_block,
             step_timeout=step_timeout,
         )
-        options = backend_options(
-            backend,
-            num_workers=plan.num_workers,
-            context=context,
-            spin=spin,
-            inline_envs=inline_envs,
-            concurrent_envs=plan.concurrent_envs,
-            startup_timeout=startup_timeout,
-            ray_options=ray_options,
-            daemon=daemon,
-        )
-        self._backend: Backend = build_backend(backend, hosting, options)
+
+        def build(backend: str, num_workers: int | None, inline_envs: int) -> Backend:
+            options = backend_options(
+                backend,
+                num_workers=num_workers,
+                context=context,
+                spin=spin,
+                inline_envs=inline_envs,
+                concurrent_envs=plan.concurrent_envs,
+                startup_timeout=startup_timeout,
+                ray_options=ray_options,
+                daemon=daemon,
+            )
+            return build_backend(backend, hosting, options)
+
+        try:
+            self._backend: Backend = build(backend, plan.num_workers, inline_envs)
+        except AsyncEnvsHereError:
+            if requested_backend != "auto":
+                raise
+            # "auto" probed the first factory, a blocking env; a later one is async.
+            fallback = backend_for_async_envs(len(env_fns))
+            backend, inline_envs = fallback["backend"], 0
+            self._backend = build(backend, num_workers or fallback.get("num_workers"), 0)
         self.backend = backend
         #: Worker processes (process backend) or actors (Ray); 0 when envs run here.
         self.num_workers = self._backend.num_workers

@@ -330,3 +330,30 @@ print("closed")
     assert done.returncode == 0 and "closed" in done.stdout, done.stderr
     assert "Task was destroyed" not in done.stderr
     assert "never awaited" not in done.stderr
+
+
+def _blocking_then_async():
+    from tests.envs import CounterEnv
+
+    return [partial(CounterEnv, 0), partial(AsyncCounterEnv, 1)]
+
+
+def test_auto_hosts_a_mix_whose_first_env_is_blocking():
+    """``auto`` probes the first factory only: a later async env must not be stepped by
+    blocking code (its coroutine taken for a result)."""
+    with aiovec.VecEnv(_blocking_then_async(), backend="auto") as venv:
+        assert venv.backend in ("coroutine", "process")
+        observations, _ = venv.reset(seed=0)
+        assert observations[1].tolist() == [1, 0]
+        observations, *_ = venv.step(np.zeros(2, np.int64))
+        assert observations[1].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"backend": "inline"}, {"backend": "process", "num_workers": 1, "inline_envs": 1}],
+    ids=["inline", "process+main"],
+)
+def test_async_envs_stepped_in_this_process_by_blocking_code_are_refused(options):
+    with pytest.raises(TypeError, match=r"env 1 is an async env.*backend='coroutine'"):
+        aiovec.VecEnv(_blocking_then_async(), **options)

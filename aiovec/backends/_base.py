@@ -19,7 +19,31 @@ from gymnasium.vector import AutoresetMode
 from aiovec._transport.buffers import Buffers, build_buffers
 from aiovec._transport.protocol import EnvCommand, Reply
 from aiovec._worker.blocks import build_host
-from aiovec._worker.host import EnvBuildError, EnvDescription
+from aiovec._worker.host import EnvBuildError, EnvDescription, EnvHost
+from aiovec.async_env import AsyncEnv
+
+
+class AsyncEnvsHereError(TypeError):
+    """Async envs were built where blocking code steps them (``backend="inline"``, or a
+    process backend's envs in this process), which would take their coroutines for
+    results. ``backend="auto"`` probes only the first factory: it catches this and hosts
+    the envs where they are awaited instead."""
+
+
+def refuse_async_envs(host: Any, where: str) -> None:
+    """Raise :class:`AsyncEnvsHereError` (after closing ``host``'s envs) if ``host``
+    holds async envs; ``where`` names the placement in the message."""
+    if not isinstance(host, EnvHost):  # blocks: async ones are refused when built
+        return
+    found = [env_id for env_id, env in host.envs.items() if isinstance(env, AsyncEnv)]
+    if not found:
+        return
+    host.close()
+    which = f"env {found[0]} is an async env" if len(found) == 1 else f"envs {found} are async envs"
+    raise AsyncEnvsHereError(
+        f"{which} (aiovec.AsyncEnv), and {where} steps envs with blocking calls: use "
+        "backend='coroutine' (one event loop), 'process' (workers await them) or 'auto'"
+    )
 
 
 class WorkerExit(NamedTuple):
@@ -188,6 +212,8 @@ class LocalBackend(Backend):
             )
         except EnvBuildError as exc:
             raise exc.info.to_exception() from None
+        if not async_blocks:  # only the coroutine backend awaits what its envs return
+            refuse_async_envs(self._host, "backend='inline'")
 
     def attach(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]

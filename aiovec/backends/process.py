@@ -51,6 +51,7 @@ from aiovec.backends._base import (
     WorkerExit,
     WorkerGone,
     group_factories,
+    refuse_async_envs,
     split_groups,
 )
 from aiovec.errors import FactoryPicklingError, StartupTimeoutError, WorkerCrashedError
@@ -226,11 +227,13 @@ class ProcessBackend(Backend):
             if inline_envs:  # built while the workers build theirs
                 local_fns = group_factories(env_fns, self.groups[-1], size)
                 try:
-                    self._local, local_descriptions = build_host(
+                    local_host, local_descriptions = build_host(
                         local_fns, autoreset_mode, max_restarts, envs_per_block
                     )
                 except EnvBuildError as exc:
                     raise exc.info.to_exception() from None
+                refuse_async_envs(local_host, "inline_envs (envs in this process)")
+                self._local = local_host
                 self.groups[-1] = self._local.group  # the host's own list (see compact_step)
                 self.local_workers = frozenset({len(self.groups) - 1})
             self.descriptions = self._handshake(range(num_workers)) + local_descriptions
