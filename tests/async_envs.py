@@ -30,6 +30,7 @@ class AsyncCounterEnv(AsyncEnv):
         reset_delay: float = 0.0,
         yields: int = 0,
         block_at: int | None = None,
+        cancel_at: int | None = None,
     ) -> None:
         self.env_index, self.delay, self.mean_delay = env_index, delay, mean_delay
         self.episode_length, self.fail_at, self.hang_at = episode_length, fail_at, hang_at
@@ -37,6 +38,7 @@ class AsyncCounterEnv(AsyncEnv):
         self.reset_delay = reset_delay
         self.yields = yields  # loop iterations each step takes (orders envs finishing together)
         self.block_at = block_at  # a step that blocks the whole event loop (a badly written env)
+        self.cancel_at = cancel_at  # a step whose own request is cancelled (not the task)
         self.steps_since_built = 0
         self.closed = False
 
@@ -52,6 +54,8 @@ class AsyncCounterEnv(AsyncEnv):
             await asyncio.sleep(0)
         if self.steps_since_built == self.fail_at:
             raise ConnectionError(f"simulator {self.env_index} dropped the connection")
+        if self.steps_since_built == self.cancel_at:
+            raise asyncio.CancelledError(f"simulator {self.env_index} cancelled the request")
         if self.steps_since_built == self.hang_at:
             await asyncio.Event().wait()  # never set
         if self.steps_since_built == self.block_at:

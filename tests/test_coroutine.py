@@ -357,3 +357,26 @@ def test_auto_hosts_a_mix_whose_first_env_is_blocking():
 def test_async_envs_stepped_in_this_process_by_blocking_code_are_refused(options):
     with pytest.raises(TypeError, match=r"env 1 is an async env.*backend='coroutine'"):
         aiovec.VecEnv(_blocking_then_async(), **options)
+
+
+@pytest.mark.parametrize("backend", ["coroutine", "process"])
+@pytest.mark.parametrize("on_failure", ["raise", "restart"])
+async def test_a_cancelled_error_raised_by_the_env_itself_is_that_envs_error(backend, on_failure):
+    """A ``CancelledError`` out of the env's own step (a cancelled transport request),
+    not out of a cancelled task, fails that env like any exception: reported with its
+    index, or restarted; the other envs go on."""
+    env_fns = [partial(AsyncCounterEnv, i, cancel_at=2 if i == 1 else None) for i in range(3)]
+    options = {"num_workers": 1} if backend == "process" else {}
+    async with aiovec.VecEnv(env_fns, backend=backend, on_failure=on_failure, **options) as venv:
+        await venv.areset(seed=0)
+        await venv.astep(np.zeros(3, np.int64))
+        if on_failure == "raise":
+            with pytest.raises(aiovec.EnvError, match="env 1.*cancelled") as caught:
+                await venv.astep(np.zeros(3, np.int64))
+            assert caught.value.env_index == 1
+        else:
+            observations, _, _, truncated, infos = await venv.astep(np.zeros(3, np.int64))
+            assert truncated.tolist() == [False, True, False]
+            assert venv.restart_counts.tolist() == [0, 1, 0]
+            assert "cancelled" in infos["restart_reason"][1]
+            assert observations[[0, 2], 1].tolist() == [2, 2]

@@ -403,6 +403,10 @@ class EnvHost(HostState):
                 info = await self._drive_async(env_id, self._unplain_step_flow(env_id))
         except Exception as exc:
             return await self.recover_async(env_id, exc)
+        except asyncio.CancelledError as exc:
+            if _being_cancelled():
+                raise  # this task was cancelled (close, a timeout): not the env's doing
+            return await self.recover_async(env_id, _cancelled_from_inside(exc))
         return StepOutcome(env_id, info, None, stepped)
 
     def _plain_step(self, env_id: int) -> bool:
@@ -635,14 +639,17 @@ async def drive_async(
             except asyncio.CancelledError as exc:
                 if _being_cancelled():
                     raise  # this task was cancelled (close, a timeout): not the env's doing
-                # The env's own code was cancelled (e.g. a transport cancelled a request):
-                # an error of that env, not a silently ended runner.
-                failure = RuntimeError(f"the env's coroutine was cancelled from inside: {exc!r}")
-                request = flow.throw(failure)
+                request = flow.throw(_cancelled_from_inside(exc))
             else:
                 request = flow.send(result)
     except StopIteration as finished:
         return finished.value
+
+
+def _cancelled_from_inside(exc: asyncio.CancelledError) -> RuntimeError:
+    """The env's own code was cancelled (e.g. a transport cancelled a request), not
+    the task running it: an error of that env, not a silently ended runner."""
+    return RuntimeError(f"the env's coroutine was cancelled from inside: {exc!r}")
 
 
 def _being_cancelled() -> bool:
