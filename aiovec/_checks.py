@@ -5,6 +5,7 @@ their arguments, and change nothing."""
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -129,6 +130,42 @@ def block_autoreset_mode(
 
 def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_seconds(
+    name: str, value: Any, *, positive: bool = False, negative_ok: bool = False
+) -> None:
+    """``value`` is ``None`` or a number of seconds: a real number, not a bool and not
+    NaN (``inf`` means no limit), ``> 0`` with ``positive``, else ``>= 0`` unless
+    ``negative_ok`` (a wait's timeout: a past deadline, as Gymnasium takes it).
+
+    Raises:
+        TypeError: not a number. ValueError: NaN, or out of range.
+    """
+    if value is None:
+        return
+    bound = "a positive" if positive else ("a" if negative_ok else "a non-negative")
+    wanted = f"{name} must be {bound} number of seconds (or None), got {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(wanted)
+    if math.isnan(value) or (positive and value <= 0) or (not negative_ok and value < 0):
+        raise ValueError(wanted)
+
+
+def check_count(name: str, value: Any, minimum: int, *, none_ok: bool = False) -> None:
+    """``value`` is an int (numpy integers count, bools do not) of at least ``minimum``,
+    or ``None`` with ``none_ok``.
+
+    Raises:
+        TypeError: not an int. ValueError: below ``minimum``.
+    """
+    if value is None and none_ok:
+        return
+    wanted = f"{name} must be an int >= {minimum}{' (or None)' if none_ok else ''}, got {value!r}"
+    if not is_int(value):
+        raise TypeError(wanted)
+    if value < minimum:
+        raise ValueError(wanted)
 
 
 def env_seeds(seed: Any, num_envs: int) -> list[int | None]:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from aiovec._auto import choose_backend, choose_block_layout
-from aiovec._checks import is_int
+from aiovec._checks import check_count, check_seconds, is_int
 from aiovec.backends import REGISTRY
 
 ON_FAILURE = ("raise", "restart")
@@ -39,6 +39,31 @@ def check_envs_per_block(envs_per_block: Any) -> int | None:
     if not is_int(envs_per_block) or envs_per_block < 1:
         raise ValueError(f"envs_per_block must be a positive int or None, got {envs_per_block!r}")
     return int(envs_per_block)
+
+
+def check_numbers(
+    *,
+    num_workers: Any,
+    inline_envs: Any,
+    max_restarts: Any,
+    step_timeout: Any,
+    close_timeout: Any,
+    startup_timeout: Any,
+    spin: Any,
+) -> None:
+    """The numeric construction arguments, before anything starts: each a number of the
+    right kind and range (a NaN timeout used to pass and fail inside the poller).
+
+    Raises:
+        TypeError / ValueError: naming the argument, what it takes and what it got.
+    """
+    check_count("num_workers", num_workers, 1, none_ok=True)
+    check_count("inline_envs", inline_envs, 0)
+    check_count("max_restarts", max_restarts, 0)
+    check_seconds("step_timeout", step_timeout, positive=True)
+    check_seconds("close_timeout", close_timeout)
+    check_seconds("startup_timeout", startup_timeout, positive=True)
+    check_seconds("spin", spin)
 
 
 def check_factories(env_fns: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from aiovec._checks import check_seconds
 from aiovec._stats import StatsRecorder
 from aiovec._transport.protocol import EnvCommand, Reply
 from aiovec.backends._base import Backend, WorkerEvent, WorkerExit, WorkerGone
@@ -226,6 +227,7 @@ class Scheduler:
             aiovec.WaitTimeoutError: ``timeout`` seconds passed first (nothing is lost).
             aiovec.ClosedError: the vector env was closed meanwhile.
         """
+        check_seconds("timeout", timeout, negative_ok=True)  # nothing waited for yet
         started = time.perf_counter()
         if not self._waiting:
             self._waits_started = started

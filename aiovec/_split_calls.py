@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from aiovec._checks import check_seconds
 from aiovec.errors import NoPendingCallError, PendingCallError, WaitTimeoutError
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class _Core(Protocol):
     ) -> Coroutine[Any, Any, tuple[Any, ...]]: ...
     def _wait_pending(self, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T: ...
     def _begin(self, kind: str, synchronous: bool = False) -> None: ...
-    def _end(self, kind: str) -> Any: ...
+    def _end(self, kind: str, timeout: float | None) -> Any: ...
 
 
 class SplitCalls:
@@ -63,7 +64,7 @@ class SplitCalls:
 
     def reset_wait(self: _Core, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Finish :meth:`reset_async`."""
-        tickets = self._end("reset")
+        tickets = self._end("reset", timeout)
         return self._wait_pending("reset", tickets, self._reset_wait(tickets, timeout))
 
     def step_async(self: _Core, actions: Any) -> None:
@@ -73,7 +74,7 @@ class SplitCalls:
 
     def step_wait(self: _Core, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`step_async`."""
-        tickets = self._end("step")
+        tickets = self._end("step", timeout)
         return self._wait_pending("step", tickets, self._step_wait(tickets, timeout))
 
     def call_async(self: _Core, name: str, *args: Any, **kwargs: Any) -> None:
@@ -83,7 +84,7 @@ class SplitCalls:
 
     def call_wait(self: _Core, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`call_async`."""
-        state: tuple[list[int], list[Ticket]] = self._end("call")
+        state: tuple[list[int], list[Ticket]] = self._end("call", timeout)
         return self._wait_pending("call", state, self._call_wait(*state, timeout))
 
     def _wait_pending(self: _Core, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T:
@@ -107,9 +108,12 @@ class SplitCalls:
                 pending,
             )
 
-    def _end(self: _Core, kind: str) -> Any:
+    def _end(self: _Core, kind: str, timeout: float | None) -> Any:
+        """Take the pending ``kind`` call's state (after checking everything that could
+        refuse the wait: a refused wait leaves the call pending)."""
         self._blocking_call(f"{kind}_wait", f"a{kind}")
         self._check_open(f"{kind}_wait")
+        check_seconds("timeout", timeout, negative_ok=True)
         if self._pending is None or self._pending[0] != kind:
             raise NoPendingCallError(
                 f"Calling `{kind}_wait` without any prior call to `{kind}_async`.", kind

@@ -27,16 +27,23 @@ from aiovec._auto import backend_for_async_envs
 from aiovec._checks import (
     block_autoreset_mode,
     brief,
+    check_count,
     check_max_envs,
     check_name,
     check_one_value_per_block,
+    check_seconds,
     check_whole_blocks,
     env_seeds,
     refuse_custom_worker,
     reset_mask_ids,
     resolve_env_ids,
 )
-from aiovec._construction import check_envs_per_block, check_factories, plan_backend
+from aiovec._construction import (
+    check_envs_per_block,
+    check_factories,
+    check_numbers,
+    plan_backend,
+)
 from aiovec._loop import check_blocking_call
 from aiovec._results import Batch, Results
 from aiovec._scheduler import BUSY, IDLE, Scheduler, Ticket
@@ -252,6 +259,15 @@ class VecEnv(SplitCalls, VectorEnv):
         block_size = self.envs_per_block or 1
         if worker is not None:
             refuse_custom_worker(worker)
+        check_numbers(
+            num_workers=num_workers,
+            inline_envs=inline_envs,
+            max_restarts=max_restarts,
+            step_timeout=step_timeout,
+            close_timeout=close_timeout,
+            startup_timeout=startup_timeout,
+            spin=spin,
+        )
         env_fns = check_factories(env_fns)
         requested_backend = backend
         plan = plan_backend(
@@ -475,9 +491,14 @@ class VecEnv(SplitCalls, VectorEnv):
         """
         self._check_open("recv")
         check_max_envs(max_envs)
+        check_count("min_envs", min_envs, 1)
+        if max_envs is not None and min_envs > max_envs:
+            raise ValueError(
+                f"min_envs={min_envs} is more than max_envs={max_envs}: recv would wait for "
+                "results it cannot return"
+            )
         scheduler = self._scheduler
         queue = scheduler.ready_queue
-        min_envs = max(min_envs, 1)
 
         def enough_ready() -> bool:
             # Only step results can come: resets and calls in flight are not waited for.
@@ -821,6 +842,7 @@ class VecEnv(SplitCalls, VectorEnv):
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **_: Any) -> None:
         """Stop the workers (waiting up to ``timeout``, default ``close_timeout``, then
         killing them) and release shared memory. Idempotent."""
+        check_seconds("timeout", timeout, negative_ok=True)  # before anything is stopped
         if terminate:
             timeout = 0
         if self._pending is not None and not self._pending_dropped_quietly:

@@ -3,6 +3,7 @@ error at once, never a dead worker or envs left busy."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import types
@@ -169,3 +170,75 @@ def test_recv_refuses_a_max_envs_that_is_not_a_positive_int(bad):
             assert sorted(batch.env_ids.tolist()) == [0, 1]
 
         aiovec.run(main())
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    "option, bad",
+    [
+        ("step_timeout", NAN),
+        ("step_timeout", "1"),
+        ("step_timeout", True),
+        ("close_timeout", NAN),
+        ("close_timeout", -1),
+        ("startup_timeout", NAN),
+        ("startup_timeout", 0),
+        ("spin", NAN),
+        ("spin", -0.5),
+        ("max_restarts", -1),
+        ("max_restarts", 1.5),
+        ("num_workers", True),
+        ("num_workers", "2"),
+        ("num_workers", 2.5),
+        ("inline_envs", -1),
+        ("context", ""),
+    ],
+    ids=repr,
+)
+def test_bad_construction_numbers_are_refused_naming_the_argument(option, bad):
+    """Refused before anything starts, with the argument's name and what it takes (NaN
+    used to pass and fail later inside the poller, leaving envs busy)."""
+    from aiovec.bench.system import descendant_pids
+
+    before = set(descendant_pids(os.getpid()))  # a zygote of earlier tests may be there
+    with pytest.raises((ValueError, TypeError), match=rf"\b{option}\b") as caught:
+        aiovec.VecEnv([CounterEnv, CounterEnv], backend="process", **{option: bad})
+    assert "got" in str(caught.value)
+    assert set(descendant_pids(os.getpid())) <= before
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"min_envs": 0}, "min_envs must be an int >= 1"),
+        ({"min_envs": NAN}, "min_envs must be an int >= 1"),
+        ({"min_envs": 3, "max_envs": 2}, "min_envs=3 is more than max_envs=2"),
+        ({"timeout": NAN}, "timeout must be"),
+        ({"timeout": "1"}, "timeout must be"),
+    ],
+    ids=repr,
+)
+def test_recv_refuses_bad_counts_and_timeouts_and_loses_nothing(kwargs, message):
+    with aiovec.make("CartPole-v1", 2, backend="inline") as venv:
+
+        async def main():
+            await venv.areset(seed=0)
+            venv.send(np.zeros(2, dtype=np.int64))
+            with pytest.raises((ValueError, TypeError), match=message):
+                await venv.recv(**kwargs)
+            batch = await venv.recv(min_envs=2)
+            assert sorted(batch.env_ids.tolist()) == [0, 1]
+
+        aiovec.run(main())
+
+
+def test_a_nan_wait_timeout_is_refused_and_the_step_can_still_be_waited_for():
+    with aiovec.VecEnv([CounterEnv, CounterEnv], backend="process") as venv:
+        venv.reset(seed=0)
+        venv.step_async(np.zeros(2, dtype=np.int64))
+        with pytest.raises(ValueError, match="timeout must be"):
+            venv.step_wait(timeout=NAN)
+        observations, *_ = venv.step_wait(timeout=10)
+        assert observations[:, 1].tolist() == [1, 1]

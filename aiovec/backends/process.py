@@ -163,7 +163,7 @@ class ProcessBackend(Backend):
         self.spin = spin
         self._spin_policy = SpinPolicy(spin)  # spins only while spinning pays
         self.groups = split_groups(remote_units, num_workers, size)
-        context = context or default_context()
+        context = default_context() if context is None else context
         # A forked worker inherits its factories, as AsyncVectorEnv's do under fork: they
         # need not pickle (a lock, a class cloudpickle cannot rebuild). Else, as bytes.
         self._payloads: list[bytes | dict[int, Callable[[], gym.Env]]] = [
