@@ -42,8 +42,8 @@ class EnvFactory:
 
 def make(
     # a callable returns a gymnasium.Env (a VectorEnv under vector_entry_point)
-    env_id: str | Callable[..., Any],
-    num_envs: int,
+    env_id: str | EnvSpec | Callable[..., Any],
+    num_envs: int = 1,
     *,
     env_kwargs: dict[str, Any]
     | Sequence[dict[str, Any]]
@@ -60,9 +60,9 @@ def make(
     """Create ``num_envs`` copies of an env as one :class:`VecEnv`.
 
     Args:
-        env_id: a Gymnasium registry id (``"CartPole-v1"``, ``"module:Env-v0"``) or a
-            callable returning a ``gymnasium.Env`` (an env class works).
-        num_envs: how many envs.
+        env_id: a Gymnasium registry id (``"CartPole-v1"``, ``"module:Env-v0"``), an
+            ``EnvSpec``, or a callable returning a ``gymnasium.Env`` (an env class works).
+        num_envs: how many envs (1 when left out, as in ``gymnasium.make_vec``).
         env_kwargs: keyword arguments for ``gymnasium.make`` or for the callable: one dict
             for every env, a list with one dict per env, or a function from env index to
             dict (per-env parameters, e.g. domain randomization).
@@ -122,14 +122,16 @@ def make(
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
     spec = None
     args: tuple[Any, ...]
-    if isinstance(env_id, str):
-        spec = gym.spec(env_id)  # unknown ids fail here, with Gymnasium's suggestions
+    if isinstance(env_id, (str, EnvSpec)):
+        # unknown ids fail here, with Gymnasium's suggestions; a spec is taken as given
+        spec = env_id if isinstance(env_id, EnvSpec) else gym.spec(env_id)
         make_env, args = gym.make, (env_id,)
     elif callable(env_id):
         make_env, args = env_id, ()
     else:
         raise TypeError(
-            f"env_id must be a Gymnasium id or a callable returning an env, got {env_id!r}"
+            "env_id must be a Gymnasium id, an EnvSpec or a callable returning an env, "
+            f"got {env_id!r}"
         )
     if isinstance(vectorization_mode, VectorizeMode):
         vectorization_mode = vectorization_mode.value
@@ -207,7 +209,7 @@ def _vector_spec(
 
 
 def _make_batched(
-    env_id: str | Callable[..., Any],
+    env_id: str | EnvSpec | Callable[..., Any],
     num_envs: int,
     env_kwargs: Any,
     env_extra: dict[str, Any],
@@ -218,10 +220,11 @@ def _make_batched(
     options: dict[str, Any],
 ) -> VecEnv:
     """``make`` with ``vectorization_mode="vector_entry_point"``: a VecEnv of blocks."""
-    if isinstance(env_id, str):
-        if gym.spec(env_id).vector_entry_point is None:
+    if isinstance(env_id, (str, EnvSpec)):
+        spec = env_id if isinstance(env_id, EnvSpec) else gym.spec(env_id)
+        if spec.vector_entry_point is None:
             raise ValueError(
-                f"{env_id} has no vector_entry_point in the Gymnasium registry, so it cannot "
+                f"{spec.id} has no vector_entry_point in the Gymnasium registry, so it cannot "
                 "be made with vectorization_mode='vector_entry_point'; leave "
                 "vectorization_mode out (one env per copy), or pass a factory "
                 "factory(num_envs=k, **env_kwargs) -> gymnasium.vector.VectorEnv"

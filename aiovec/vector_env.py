@@ -71,6 +71,10 @@ from aiovec.errors import (
 
 __all__ = ["Batch", "VecEnv"]
 
+#: Names ``call`` refuses, as AsyncVectorEnv does: the envs would reset or step behind
+#: the vector env's back (no autoreset, no buffers), or close under it.
+_RESERVED_CALLS = frozenset({"reset", "step", "close", "_setattr", "_check_spaces"})
+
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 _T = TypeVar("_T")
 
@@ -327,6 +331,15 @@ class VecEnv(SplitCalls, VectorEnv):
         self.num_workers = self._backend.num_workers
         #: How many envs this process steps itself.
         self.inline_envs = {"process": inline_envs, "ray": 0}.get(backend, self.num_envs)
+        # What AsyncVectorEnv code reads back (``envs.env_fns[0]()`` builds an eval env).
+        #: The factories as given (one per env, or per batched env).
+        self.env_fns = env_fns
+        #: Whether observations may travel through shared memory (``False``: by value).
+        self.shared_memory = shared_memory is not False
+        #: The start method asked for (``None``: aiovec's default workers).
+        self.context = context
+        #: As given; workers always die with this process (see the README).
+        self.daemon = daemon
         try:
             if batched:
                 self.autoreset_mode = block_autoreset_mode(
@@ -656,6 +669,10 @@ class VecEnv(SplitCalls, VectorEnv):
         self._check_open(f"call {name!r}")
         if function is None:
             check_name(name, "call")
+            if name in _RESERVED_CALLS:  # AsyncVectorEnv's refusal, word for word
+                raise ValueError(
+                    f"Trying to call function `{name}` with `call`, use `{name}` directly instead."
+                )
         ids, _ = self._resolve_env_ids(env_ids)
         self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(

@@ -463,3 +463,34 @@ def test_stepping_an_ended_env_without_autoreset_is_gymnasiums_assertion_error(b
         venv.reset(options={"reset_mask": np.array([False, True])})
         venv.step([0, 0])
         assert venv.get_attr("count") == (2, 1)
+
+
+@pytest.mark.parametrize("name", ["reset", "step", "close", "_setattr", "_check_spaces"])
+def test_call_refuses_the_names_asyncvectorenv_reserves(name, backend):
+    """``call("step")`` would step the envs behind the vector env's back (no autoreset,
+    no buffers): refused with AsyncVectorEnv's ``ValueError`` and text, nothing sent."""
+    import aiovec
+    from tests.envs import CounterEnv
+
+    with aiovec.VecEnv([CounterEnv, CounterEnv], backend=backend) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(
+            ValueError, match=rf"Trying to call function `{name}` with `call`, use `{name}`"
+        ):
+            venv.call(name)
+        assert venv.call("count") == (0, 0)  # nothing ran; other names still go through
+
+
+def test_the_attributes_asyncvectorenv_code_reads_are_there():
+    import aiovec
+    from tests.envs import CounterEnv
+
+    env_fns = [partial(CounterEnv, 0), partial(CounterEnv, 1)]
+    with aiovec.VecEnv(env_fns, shared_memory=False, context="spawn", daemon=False) as venv:
+        assert venv.env_fns == env_fns  # e.g. envs.env_fns[0]() builds an evaluation env
+        assert venv.env_fns[1]().env_index == 1
+        assert venv.shared_memory is False
+        assert venv.context == "spawn"
+        assert venv.daemon is False
+    with aiovec.VecEnv(env_fns, backend="inline") as venv:
+        assert venv.shared_memory is True and venv.context is None and venv.daemon is True

@@ -219,3 +219,17 @@ def test_auto_keeps_every_env_out_of_the_agent_when_isolation_is_asked_for(optio
 def test_wrappers_none_as_make_vec_takes_it():
     with aiovec.make("CartPole-v1", 2, wrappers=None, backend="inline") as venv:
         assert venv.reset(seed=0)[0].shape == (2, 4)
+
+
+def test_num_envs_defaults_to_one_and_an_env_spec_is_taken_as_make_vec_takes_them():
+    with aiovec.make("CartPole-v1", backend="inline") as envs:  # make_vec's default: 1
+        assert envs.num_envs == 1
+    spec = gym.spec("FrozenLake-v1")
+    with aiovec.make(spec, 2, backend="inline", is_slippery=False) as envs:
+        expected = gym.make_vec(spec, 2, is_slippery=False)
+        assert envs.spec.id == expected.spec.id == "FrozenLake-v1"
+        assert envs.spec.kwargs["is_slippery"] is False
+        assert envs.get_attr("spec")[0].kwargs["is_slippery"] is False
+        observations, _ = envs.reset(seed=0)
+        np.testing.assert_array_equal(observations, expected.reset(seed=0)[0])
+        expected.close()

@@ -77,6 +77,8 @@ def test_missing_attributes_are_attribute_errors(backend):
         env.env_method("no_such_method", 1)
     with pytest.raises(aiovec.EnvError):  # other errors stay aiovec's
         env.env_method("step", "not an action")
+    # any method, as SubprocVecEnv calls it (VecEnv.call refuses "reset", as Gymnasium)
+    assert len(env.env_method("reset", indices=[0])) == 1
     env.reset()  # the envs are fine
     env.step(np.array([0, 1]))
     env.close()

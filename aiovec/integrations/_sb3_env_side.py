@@ -17,6 +17,14 @@ def get_wrapper_attr(env: gym.Env, name: str) -> Any:
     return env.get_wrapper_attr(name)
 
 
+def call_wrapper_method(
+    env: gym.Env, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Call the method ``name`` of ``env`` or of an env it wraps, as SB3's
+    ``SubprocVecEnv.env_method`` does (any name, ``"reset"`` included)."""
+    return env.get_wrapper_attr(name)(*args, **kwargs)
+
+
 def has_wrapper_attr(env: gym.Env, name: str) -> bool:
     """Whether ``env`` or an env it wraps has the attribute ``name``."""
     try:

@@ -144,10 +144,16 @@ class SB3VecEnv(VecEnv):
         Raises:
             AttributeError: an env has no attribute ``method_name``.
         """
+        # As SubprocVecEnv calls it: any name ("reset" included, which VecEnv.call
+        # refuses as AsyncVectorEnv does), found through the wrappers, always called.
         with _attribute_errors():
             return list(
-                self.venv.call(
-                    method_name, *method_args, env_ids=self._indices(indices), **method_kwargs
+                self.venv.apply(
+                    env_side.call_wrapper_method,
+                    method_name,
+                    method_args,
+                    method_kwargs,
+                    env_ids=self._indices(indices),
                 )
             )
 
