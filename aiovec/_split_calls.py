@@ -14,7 +14,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiovec._checks import check_seconds
-from aiovec.errors import NoPendingCallError, PendingCallError, WaitTimeoutError
+from aiovec.errors import EnvError, NoPendingCallError, PendingCallError, WaitTimeoutError
 
 if TYPE_CHECKING:
     from aiovec._scheduler import Ticket
@@ -26,6 +26,7 @@ class _Core(Protocol):
     """What the split calls need of the vector env."""
 
     _pending: tuple[str, Any] | None
+    _pending_timed_out: bool
 
     def _check_open(self, operation: str) -> None: ...
     def _blocking_call(self, method: str, async_method: str) -> None: ...
@@ -45,6 +46,10 @@ class _Core(Protocol):
     def _wait_pending(self, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T: ...
     def _begin(self, kind: str, synchronous: bool = False) -> None: ...
     def _end(self, kind: str, timeout: float | None) -> Any: ...
+    def _waiting(
+        self, kind: str, state: Any, timeout: float | None
+    ) -> Coroutine[Any, Any, Any]: ...
+    def _drop_late_call(self) -> None: ...
 
 
 class SplitCalls:
@@ -52,6 +57,9 @@ class SplitCalls:
 
     #: The pending split call: ``(kind, what its *_wait needs)``, or None.
     _pending: tuple[str, Any] | None = None
+    #: Whether the pending call's ``*_wait`` timed out: it may be waited for again, and a
+    #: new call drops it (see :meth:`_drop_late_call`).
+    _pending_timed_out: bool = False
 
     def reset_async(
         self: _Core,
@@ -87,18 +95,43 @@ class SplitCalls:
         state: tuple[list[int], list[Ticket]] = self._end("call", timeout)
         return self._wait_pending("call", state, self._call_wait(*state, timeout))
 
+    def _waiting(
+        self: _Core, kind: str, state: Any, timeout: float | None
+    ) -> Coroutine[Any, Any, Any]:
+        """The wait of a pending ``kind`` call whose state is ``state``."""
+        if kind == "reset":
+            return self._reset_wait(state, timeout)
+        if kind == "step":
+            return self._step_wait(state, timeout)
+        env_ids, tickets = state
+        return self._call_wait(env_ids, tickets, timeout)
+
     def _wait_pending(self: _Core, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T:
         """Run the wait of a ``*_async`` call; after a timeout the call stays pending
         (its ``*_wait`` may be called again), as nothing of it is lost."""
         try:
             return self._run(waiting)
         except WaitTimeoutError:
-            self._pending = (kind, state)
+            self._pending, self._pending_timed_out = (kind, state), True
             raise
+
+    def _drop_late_call(self: _Core) -> None:
+        """Wait for the call whose ``*_wait`` timed out and drop its results, so that a
+        new call can start: AsyncVectorEnv takes new calls after a timeout (and hands
+        the late results to the next call); here they are never handed to anyone."""
+        assert self._pending is not None
+        kind, state = self._pending
+        self._pending, self._pending_timed_out = None, False
+        try:
+            self._run(self._waiting(kind, state, None))
+        except EnvError:
+            pass  # the dropped call's env errors: already logged, as Gymnasium logs them
 
     def _begin(self: _Core, kind: str, synchronous: bool = False) -> None:
         """Refuse a call while a ``*_async`` call is pending (before anything is sent)."""
         self._check_open(kind)
+        if self._pending is not None and self._pending_timed_out:
+            self._drop_late_call()
         if self._pending is not None:
             pending = self._pending[0]
             method = kind if synchronous else f"{kind}_async"
@@ -118,5 +151,5 @@ class SplitCalls:
             raise NoPendingCallError(
                 f"Calling `{kind}_wait` without any prior call to `{kind}_async`.", kind
             )
-        state, self._pending = self._pending[1], None
+        state, self._pending, self._pending_timed_out = self._pending[1], None, False
         return state

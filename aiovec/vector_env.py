@@ -862,7 +862,9 @@ class VecEnv(SplitCalls, VectorEnv):
         check_seconds("timeout", timeout, negative_ok=True)  # before anything is stopped
         if terminate:
             timeout = 0
-        if self._pending is not None and not self._pending_dropped_quietly:
+        # A call whose *_wait timed out is not waited for (AsyncVectorEnv is idle then).
+        quiet = self._pending_dropped_quietly or self._pending_timed_out
+        if self._pending is not None and not quiet:
             logger.warn(
                 f"Calling `close` while waiting for a pending call to `{self._pending[0]}` "
                 "to complete."

@@ -12,6 +12,7 @@ from functools import partial
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.error import NoAsyncCallError
 
 import aiovec
 from aiovec._worker import zygote as _zygote
@@ -132,18 +133,39 @@ def test_create_close_cycles_leave_no_descriptors():
 
 
 def test_step_wait_after_a_timeout_can_be_called_again():
-    from gymnasium.error import AlreadyPendingCallError
-
     env_fns = [partial(CounterEnv, 0, delay=0.3)]
     with aiovec.VecEnv(env_fns, backend="process") as venv:
         venv.reset()
         venv.step_async([0])
         with pytest.raises(aiovec.WaitTimeoutError):
             venv.step_wait(timeout=0.01)
-        with pytest.raises(AlreadyPendingCallError):
-            venv.step([0])
-        with pytest.raises(AlreadyPendingCallError):
-            venv.reset()
         observations, *_ = venv.step_wait(timeout=BOUND)
         assert observations[:, 1].tolist() == [1]
         assert np.asarray(venv.step([0])[0])[:, 1].tolist() == [2]
+
+
+@pytest.mark.parametrize("next_call", ["step", "reset", "step_async", "call"])
+def test_a_new_call_after_a_timeout_drops_the_late_one_as_asyncvectorenv_goes_idle(next_call):
+    """``except TimeoutError: envs.reset()`` (or a new step) works, as with
+    AsyncVectorEnv; the late step's results are dropped, never handed to the new call
+    (AsyncVectorEnv would return them as the new call's)."""
+    env_fns = [partial(CounterEnv, 0, delay=0.3), partial(CounterEnv, 1)]
+    with aiovec.VecEnv(env_fns, backend="process", num_workers=2) as venv:
+        venv.reset()
+        venv.step_async([0, 0])
+        with pytest.raises(aiovec.WaitTimeoutError):
+            venv.step_wait(timeout=0.01)
+        if next_call == "reset":
+            observations, _ = venv.reset()
+            assert observations[:, 1].tolist() == [0, 0]
+        elif next_call == "call":
+            assert venv.call("count") == (1, 1)  # the late step ran, its results dropped
+        else:
+            if next_call == "step":
+                observations, *_ = venv.step([0, 0])
+            else:
+                venv.step_async([0, 0])
+                observations, *_ = venv.step_wait(timeout=BOUND)
+            assert observations[:, 1].tolist() == [2, 2]
+        with pytest.raises(NoAsyncCallError):
+            venv.step_wait()  # the dropped step is gone
