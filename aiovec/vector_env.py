@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
@@ -340,6 +341,7 @@ class VecEnv(SplitCalls, VectorEnv):
         self.context = context
         #: As given; workers always die with this process (see the README).
         self.daemon = daemon
+        self._owner_pid = os.getpid()  # the process that may drive the workers
         try:
             if batched:
                 self.autoreset_mode = block_autoreset_mode(
@@ -932,6 +934,14 @@ class VecEnv(SplitCalls, VectorEnv):
     def _check_open(self, operation: str) -> None:
         if self.closed:
             raise ClosedError(operation)
+        if self._owner_pid != os.getpid() and self.num_workers:
+            # A forked child would drive the parent's workers, and both could then wait
+            # for replies the other one took: refused, not a hang.
+            raise RuntimeError(
+                f"{operation}: this VecEnv's workers belong to process {self._owner_pid}; "
+                f"a forked child (pid {os.getpid()}) cannot use them. Build a new VecEnv "
+                "in the child (e.g. from envs.env_fns); closing the inherited one is fine"
+            )
 
     def _check_idle(self, env_ids: Sequence[int], operation: str) -> None:
         scheduler = self._scheduler

@@ -404,3 +404,29 @@ def test_a_vec_env_cannot_be_pickled_or_copied_and_says_why(copier):
         with pytest.raises(TypeError, match="cannot be pickled or copied: it owns worker"):
             copiers[copier](venv)
         venv.step(np.zeros(2, dtype=np.int64))  # still usable
+
+
+def test_a_forked_child_cannot_drive_the_parents_workers_but_may_close_its_copy():
+    """Both processes driving the same workers would each wait for replies the other
+    took (a hang): the child gets a clear error, the parent's envs are untouched."""
+    import multiprocessing
+
+    def child(venv, answers):
+        try:
+            venv.step([0, 0])
+            answers.send("stepped")
+        except RuntimeError as error:
+            answers.send(str(error))
+        venv.close()  # drops the inherited descriptors only
+
+    with aiovec.VecEnv([partial(CounterEnv, 0), partial(CounterEnv, 1)], num_workers=2) as venv:
+        venv.reset()
+        receiver, sender = multiprocessing.Pipe(duplex=False)
+        process = multiprocessing.get_context("fork").Process(target=child, args=(venv, sender))
+        process.start()
+        answer = receiver.recv() if receiver.poll(30) else "no answer"
+        process.join(30)
+        assert "a forked child" in answer and "cannot use them" in answer
+        assert process.exitcode == 0
+        observations, *_ = venv.step([0, 0])
+        assert observations[:, 1].tolist() == [1, 1]  # the child stepped nothing
