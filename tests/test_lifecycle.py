@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 from functools import partial
@@ -430,3 +432,38 @@ def test_a_forked_child_cannot_drive_the_parents_workers_but_may_close_its_copy(
         assert process.exitcode == 0
         observations, *_ = venv.step([0, 0])
         assert observations[:, 1].tolist() == [1, 1]  # the child stepped nothing
+
+
+def test_running_out_of_file_descriptors_says_so(tmp_path):
+    """A worker's pidfd lost to the descriptor limit is an OSError(EMFILE) saying what
+    to change, not an unpacking error; nothing is left behind and later envs work."""
+    script = tmp_path / "agent.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import resource
+            import aiovec
+            from tests.envs import CounterEnv
+
+            if __name__ == "__main__":
+                resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+                try:
+                    aiovec.VecEnv([CounterEnv] * 60, num_workers=60)
+                except OSError as error:
+                    print("error:", error)
+                with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+                    venv.reset()
+                    print("then:", venv.step([0, 0])[0][:, 1].tolist())
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "error: [Errno 24]" in result.stdout and "ulimit -n" in result.stdout, result.stdout
+    assert "then: [1.0, 1.0]" in result.stdout

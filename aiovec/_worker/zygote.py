@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import multiprocessing
 import os
 import pickle
+import resource
 import select
 import signal
 import socket
@@ -63,7 +65,17 @@ def _receive_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
     fds: list[int] = []
     needed = _HEADER.size
     while len(data) < needed:
-        chunk, new_fds, _, _ = socket.recv_fds(sock, max(needed - len(data), 1 << 16), 4)
+        chunk, new_fds, flags, _ = socket.recv_fds(sock, max(needed - len(data), 1 << 16), 4)
+        if flags & socket.MSG_CTRUNC:  # the kernel dropped descriptors we had no room for
+            for fd in new_fds + fds:
+                os.close(fd)
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise OSError(
+                errno.EMFILE,
+                f"too many open files: this process is at its limit of {limit} descriptors "
+                "(each worker takes a few); raise it (ulimit -n, resource.setrlimit) or "
+                "start fewer workers (num_workers=)",
+            )
         if not chunk:
             for fd in new_fds + fds:
                 os.close(fd)
