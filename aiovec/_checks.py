@@ -132,24 +132,38 @@ def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+#: What an infinite time becomes where the runtime needs a number (a close timeout, a
+#: spin window): ~31 years, which every clock and poll call takes (``inf`` overflows
+#: some of them).
+FOREVER = 1e9
+
+
 def check_seconds(
-    name: str, value: Any, *, positive: bool = False, negative_ok: bool = False
-) -> None:
-    """``value`` is ``None`` or a number of seconds: a real number, not a bool and not
-    NaN (``inf`` means no limit), ``> 0`` with ``positive``, else ``>= 0`` unless
-    ``negative_ok`` (a wait's timeout: a past deadline, as Gymnasium takes it).
+    name: str,
+    value: Any,
+    *,
+    positive: bool = False,
+    negative_ok: bool = False,
+    unlimited: float | None = None,
+) -> float | None:
+    """``value`` as a number of seconds the runtime can use: a Python ``float`` (numpy
+    numbers of any precision included), ``None`` kept, and ``inf`` ("no limit") turned
+    into ``unlimited``. It must be a real number, not a bool and not NaN, ``> 0`` with
+    ``positive``, else ``>= 0`` unless ``negative_ok`` (a wait's timeout: a past
+    deadline, as Gymnasium takes it).
 
     Raises:
         TypeError: not a number. ValueError: NaN, or out of range.
     """
     if value is None:
-        return
+        return None
     bound = "a positive" if positive else ("a" if negative_ok else "a non-negative")
     wanted = f"{name} must be {bound} number of seconds (or None), got {value!r}"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         raise TypeError(wanted)
     if math.isnan(value) or (positive and value <= 0) or (not negative_ok and value < 0):
         raise ValueError(wanted)
+    return unlimited if math.isinf(value) and value > 0 else float(value)
 
 
 def check_count(name: str, value: Any, minimum: int, *, none_ok: bool = False) -> None:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from aiovec._auto import choose_backend, choose_block_layout
-from aiovec._checks import check_count, check_seconds, is_int
+from aiovec._checks import FOREVER, check_count, check_seconds, is_int
 from aiovec.backends import REGISTRY
 
 ON_FAILURE = ("raise", "restart")
@@ -50,9 +50,11 @@ def check_numbers(
     close_timeout: Any,
     startup_timeout: Any,
     spin: Any,
-) -> None:
-    """The numeric construction arguments, before anything starts: each a number of the
-    right kind and range (a NaN timeout used to pass and fail inside the poller).
+) -> dict[str, float | None]:
+    """Check the numeric construction arguments, before anything starts: each a number
+    of the right kind and range (a NaN timeout used to pass and fail inside the poller).
+    Returns the time arguments as the runtime uses them: Python floats (a numpy float32
+    is not taken everywhere), ``inf`` as no limit.
 
     Raises:
         TypeError / ValueError: naming the argument, what it takes and what it got.
@@ -60,10 +62,14 @@ def check_numbers(
     check_count("num_workers", num_workers, 1, none_ok=True)
     check_count("inline_envs", inline_envs, 0)
     check_count("max_restarts", max_restarts, 0)
-    check_seconds("step_timeout", step_timeout, positive=True)
-    check_seconds("close_timeout", close_timeout)
-    check_seconds("startup_timeout", startup_timeout, positive=True)
-    check_seconds("spin", spin)
+    if close_timeout is None:
+        raise TypeError("close_timeout must be a number of seconds (inf: no limit), got None")
+    return {
+        "step_timeout": check_seconds("step_timeout", step_timeout, positive=True),
+        "close_timeout": check_seconds("close_timeout", close_timeout, unlimited=FOREVER),
+        "startup_timeout": check_seconds("startup_timeout", startup_timeout, positive=True),
+        "spin": check_seconds("spin", spin, unlimited=FOREVER),
+    }
 
 
 def check_factories(env_fns: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:

@@ -227,7 +227,7 @@ class Scheduler:
             aiovec.WaitTimeoutError: ``timeout`` seconds passed first (nothing is lost).
             aiovec.ClosedError: the vector env was closed meanwhile.
         """
-        check_seconds("timeout", timeout, negative_ok=True)  # nothing waited for yet
+        timeout = check_seconds("timeout", timeout, negative_ok=True)  # nothing waited for yet
         started = time.perf_counter()
         if not self._waiting:
             self._waits_started = started

@@ -45,7 +45,7 @@ class _Core(Protocol):
     ) -> Coroutine[Any, Any, tuple[Any, ...]]: ...
     def _wait_pending(self, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T: ...
     def _begin(self, kind: str, synchronous: bool = False) -> None: ...
-    def _end(self, kind: str, timeout: float | None) -> Any: ...
+    def _end(self, kind: str) -> Any: ...
     def _waiting(
         self, kind: str, state: Any, timeout: float | None
     ) -> Coroutine[Any, Any, Any]: ...
@@ -72,7 +72,8 @@ class SplitCalls:
 
     def reset_wait(self: _Core, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Finish :meth:`reset_async`."""
-        tickets = self._end("reset", timeout)
+        timeout = check_seconds("timeout", timeout, negative_ok=True)
+        tickets = self._end("reset")
         return self._wait_pending("reset", tickets, self._reset_wait(tickets, timeout))
 
     def step_async(self: _Core, actions: Any) -> None:
@@ -82,7 +83,8 @@ class SplitCalls:
 
     def step_wait(self: _Core, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`step_async`."""
-        tickets = self._end("step", timeout)
+        timeout = check_seconds("timeout", timeout, negative_ok=True)
+        tickets = self._end("step")
         return self._wait_pending("step", tickets, self._step_wait(tickets, timeout))
 
     def call_async(self: _Core, name: str, *args: Any, **kwargs: Any) -> None:
@@ -92,7 +94,8 @@ class SplitCalls:
 
     def call_wait(self: _Core, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`call_async`."""
-        state: tuple[list[int], list[Ticket]] = self._end("call", timeout)
+        timeout = check_seconds("timeout", timeout, negative_ok=True)
+        state: tuple[list[int], list[Ticket]] = self._end("call")
         return self._wait_pending("call", state, self._call_wait(*state, timeout))
 
     def _waiting(
@@ -141,12 +144,11 @@ class SplitCalls:
                 pending,
             )
 
-    def _end(self: _Core, kind: str, timeout: float | None) -> Any:
-        """Take the pending ``kind`` call's state (after checking everything that could
-        refuse the wait: a refused wait leaves the call pending)."""
+    def _end(self: _Core, kind: str) -> Any:
+        """Take the pending ``kind`` call's state (its ``timeout`` checked before: a
+        refused wait leaves the call pending)."""
         self._blocking_call(f"{kind}_wait", f"a{kind}")
         self._check_open(f"{kind}_wait")
-        check_seconds("timeout", timeout, negative_ok=True)
         if self._pending is None or self._pending[0] != kind:
             raise NoPendingCallError(
                 f"Calling `{kind}_wait` without any prior call to `{kind}_async`.", kind

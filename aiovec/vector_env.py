@@ -26,6 +26,7 @@ from gymnasium.vector.utils import batch_space
 
 from aiovec._auto import backend_for_async_envs
 from aiovec._checks import (
+    FOREVER,
     block_autoreset_mode,
     brief,
     check_count,
@@ -264,7 +265,7 @@ class VecEnv(SplitCalls, VectorEnv):
         block_size = self.envs_per_block or 1
         if worker is not None:
             refuse_custom_worker(worker)
-        check_numbers(
+        times = check_numbers(
             num_workers=num_workers,
             inline_envs=inline_envs,
             max_restarts=max_restarts,
@@ -273,6 +274,8 @@ class VecEnv(SplitCalls, VectorEnv):
             startup_timeout=startup_timeout,
             spin=spin,
         )
+        step_timeout, startup_timeout = times["step_timeout"], times["startup_timeout"]
+        close_timeout, spin = cast(float, times["close_timeout"]), times["spin"]  # not None
         env_fns = check_factories(env_fns)
         requested_backend = backend
         plan = plan_backend(
@@ -861,7 +864,7 @@ class VecEnv(SplitCalls, VectorEnv):
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **_: Any) -> None:
         """Stop the workers (waiting up to ``timeout``, default ``close_timeout``, then
         killing them) and release shared memory. Idempotent."""
-        check_seconds("timeout", timeout, negative_ok=True)  # before anything is stopped
+        timeout = check_seconds("timeout", timeout, negative_ok=True, unlimited=FOREVER)
         if terminate:
             timeout = 0
         # A call whose *_wait timed out is not waited for (AsyncVectorEnv is idle then).

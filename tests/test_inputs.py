@@ -242,3 +242,38 @@ def test_a_nan_wait_timeout_is_refused_and_the_step_can_still_be_waited_for():
             venv.step_wait(timeout=NAN)
         observations, *_ = venv.step_wait(timeout=10)
         assert observations[:, 1].tolist() == [1, 1]
+
+
+def test_numpy_and_infinite_times_are_taken_everywhere():
+    """numpy floats of any precision and ``inf`` (no limit) pass the checks, so they
+    must work too: a float32 timeout used to wedge the vector env inside the poller, and
+    an infinite close or startup timeout overflowed a clock."""
+    inf = float("inf")
+    options = {
+        "step_timeout": np.float32(30),
+        "close_timeout": inf,
+        "startup_timeout": inf,
+        "spin": np.float16(0.001),
+    }
+    venv = aiovec.VecEnv([CounterEnv, CounterEnv], backend="process", **options)
+    venv.reset(seed=0)
+    venv.step_async(np.zeros(2, dtype=np.int64))
+    observations, *_ = venv.step_wait(timeout=np.float32(10))
+    assert observations[:, 1].tolist() == [1, 1]
+    venv.call_async("count")
+    assert venv.call_wait(timeout=np.float16(10)) == (1, 1)
+    venv.reset_async()
+    venv.reset_wait(timeout=inf)
+
+    async def first_ready():
+        venv.send(np.zeros(2, dtype=np.int64))
+        batch = await venv.recv(min_envs=2, timeout=np.float32(10))
+        assert sorted(batch.env_ids.tolist()) == [0, 1]
+
+    aiovec.run(first_ready())
+    venv.close(timeout=np.float32(5))
+    with aiovec.VecEnv([CounterEnv], backend="process", close_timeout=np.float64(1)) as venv:
+        venv.reset()
+    with aiovec.VecEnv([CounterEnv], backend="process") as venv:
+        venv.reset()
+        venv.close(timeout=inf)
