@@ -50,6 +50,7 @@ class _Core(Protocol):
         self, kind: str, state: Any, timeout: float | None
     ) -> Coroutine[Any, Any, Any]: ...
     def _drop_late_call(self) -> None: ...
+    def _refuse_while_pending(self, method: str) -> None: ...
 
 
 class SplitCalls:
@@ -135,9 +136,13 @@ class SplitCalls:
         self._check_open(kind)
         if self._pending is not None and self._pending_timed_out:
             self._drop_late_call()
+        self._refuse_while_pending(kind if synchronous else f"{kind}_async")
+
+    def _refuse_while_pending(self: _Core, method: str) -> None:
+        """Raise :class:`~aiovec.PendingCallError` if a ``*_async`` call awaits its
+        ``*_wait``: its results are that wait's, and no other call may take them."""
         if self._pending is not None:
             pending = self._pending[0]
-            method = kind if synchronous else f"{kind}_async"
             raise PendingCallError(
                 f"Calling `{method}` while waiting for a pending call to `{pending}` to "
                 f"complete: call {pending}_wait() first",

@@ -508,6 +508,7 @@ class VecEnv(SplitCalls, VectorEnv):
                 other results stay queued for the next ``recv``.
         """
         self._check_open("recv")
+        self._refuse_while_pending("recv")  # step_async's results are step_wait's
         check_max_envs(max_envs)
         check_count("min_envs", min_envs, 1)
         if max_envs is not None and min_envs > max_envs:
@@ -539,6 +540,7 @@ class VecEnv(SplitCalls, VectorEnv):
     def recv_nowait(self, max_envs: int | None = None) -> Batch | None:
         """The results that are ready now (at most ``max_envs``), or ``None`` if none is."""
         self._check_open("recv")
+        self._refuse_while_pending("recv_nowait")  # step_async's results are step_wait's
         check_max_envs(max_envs)
         self._scheduler.dispatch(self._backend.poll())
         if not self._scheduler.ready_queue:

@@ -169,3 +169,25 @@ def test_a_new_call_after_a_timeout_drops_the_late_one_as_asyncvectorenv_goes_id
             assert observations[:, 1].tolist() == [2, 2]
         with pytest.raises(NoAsyncCallError):
             venv.step_wait()  # the dropped step is gone
+
+
+def test_recv_cannot_take_the_results_of_a_pending_step_async():
+    """``step_async``'s results belong to its ``step_wait``: ``recv`` taking them
+    delivered every result twice (once by ``recv``, again by ``step_wait``)."""
+    from gymnasium.error import AlreadyPendingCallError
+
+    with aiovec.VecEnv([partial(CounterEnv, 0), partial(CounterEnv, 1)], num_workers=2) as venv:
+
+        async def main():
+            await venv.areset(seed=0)
+            venv.step_async(np.zeros(2, dtype=np.int64))
+            with pytest.raises(AlreadyPendingCallError, match="call step_wait\\(\\) first"):
+                await venv.recv(timeout=BOUND)
+            with pytest.raises(AlreadyPendingCallError, match="`recv_nowait`"):
+                venv.recv_nowait()
+            observations, *_ = venv.step_wait(timeout=BOUND)
+            assert observations[:, 1].tolist() == [1, 1]
+            with pytest.raises(aiovec.NothingInFlightError):  # delivered once, not twice
+                await venv.recv(timeout=BOUND)
+
+        aiovec.run(main())
