@@ -112,7 +112,9 @@ def _env_error_class(base: type[EnvError], module: str | None, qualname: str) ->
     error_class = base
     if (
         isinstance(found, type)
-        and issubclass(found, Exception)
+        # KeyboardInterrupt too, as AsyncVectorEnv re-raises one; never SystemExit,
+        # which would end the agent's process wherever nobody catches it.
+        and issubclass(found, (Exception, KeyboardInterrupt))
         and not issubclass(found, AiovecError)
     ):
         try:

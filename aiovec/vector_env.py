@@ -67,6 +67,7 @@ from aiovec.backends._base import AsyncEnvsHereError, Backend
 from aiovec.errors import (
     ClosedError,
     EnvBusyError,
+    EnvError,
     NeedsResetError,
     NothingInFlightError,
 )
@@ -582,8 +583,9 @@ class VecEnv(SplitCalls, VectorEnv):
             env_ids, make_step = self._step_commands(actions, None, stream=False)
             scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
             return self._results.lockstep(env_ids, self.copy)
-        except KeyboardInterrupt:
-            self.close(timeout=0)
+        except KeyboardInterrupt as interrupt:
+            if not isinstance(interrupt, EnvError):  # Ctrl-C, not an env's own error
+                self.close(timeout=0)
             raise
         finally:
             scheduler.exit_call()
@@ -854,8 +856,11 @@ class VecEnv(SplitCalls, VectorEnv):
         except StopIteration as finished:
             value: _T = finished.value  # what the coroutine returned
             return value
-        except KeyboardInterrupt:
-            self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C: stop the workers now rather than leave them. An env's own
+            # KeyboardInterrupt (an EnvError) is that env's failure: the others go on.
+            if not isinstance(interrupt, EnvError):
+                self.close(timeout=0)
             raise
         finally:
             scheduler.exit_call()

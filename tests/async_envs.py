@@ -31,6 +31,7 @@ class AsyncCounterEnv(AsyncEnv):
         yields: int = 0,
         block_at: int | None = None,
         cancel_at: int | None = None,
+        interrupt_at: int | None = None,
     ) -> None:
         self.env_index, self.delay, self.mean_delay = env_index, delay, mean_delay
         self.episode_length, self.fail_at, self.hang_at = episode_length, fail_at, hang_at
@@ -39,6 +40,7 @@ class AsyncCounterEnv(AsyncEnv):
         self.yields = yields  # loop iterations each step takes (orders envs finishing together)
         self.block_at = block_at  # a step that blocks the whole event loop (a badly written env)
         self.cancel_at = cancel_at  # a step whose own request is cancelled (not the task)
+        self.interrupt_at = interrupt_at  # a step that raises KeyboardInterrupt itself
         self.steps_since_built = 0
         self.closed = False
 
@@ -56,6 +58,8 @@ class AsyncCounterEnv(AsyncEnv):
             raise ConnectionError(f"simulator {self.env_index} dropped the connection")
         if self.steps_since_built == self.cancel_at:
             raise asyncio.CancelledError(f"simulator {self.env_index} cancelled the request")
+        if self.steps_since_built == self.interrupt_at:
+            raise KeyboardInterrupt(f"simulator {self.env_index} interrupted")
         if self.steps_since_built == self.hang_at:
             await asyncio.Event().wait()  # never set
         if self.steps_since_built == self.block_at:

@@ -19,7 +19,8 @@ class PointMassVectorEnv(VectorEnv):
     """Point masses on a line pushed by ``action * gain``; an episode ends when a mass
     leaves [-1, 1] (terminated) or after ``max_steps`` (truncated).
 
-    ``fail_at=n`` raises from the block's n-th step on (counted since construction),
+    ``fail_at=n`` raises ``fail_with`` (a RuntimeError by default) from the block's n-th
+    step on (counted since construction),
     ``crash_at=n`` kills the process there; ``step_sleep`` seconds per step.
     """
 
@@ -33,10 +34,12 @@ class PointMassVectorEnv(VectorEnv):
         gain: float = 1.0,
         step_sleep: float = 0.0,
         fail_at: int | None = None,
+        fail_with: type[BaseException] = RuntimeError,
         crash_at: int | None = None,
         dict_obs: bool = False,
         render_mode: str | None = None,
     ) -> None:
+        self.fail_with = fail_with
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.autoreset_mode = AutoresetMode(autoreset_mode)
@@ -80,7 +83,7 @@ class PointMassVectorEnv(VectorEnv):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         self.calls += 1
         if self.fail_at is not None and self.calls >= self.fail_at:
-            raise RuntimeError(f"block failed on step {self.calls}")
+            raise self.fail_with(f"block failed on step {self.calls}")
         if self.crash_at is not None and self.calls == self.crash_at:
             os._exit(3)
         if self.step_sleep:

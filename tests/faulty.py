@@ -5,13 +5,15 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sys
 import time
 
 import numpy as np
 
 from tests.envs import CounterEnv
 
-FAULTS = ("raise", "exit", "sigkill", "sigsegv", "hang")
+#: "interrupt" and "sys.exit" raise KeyboardInterrupt and SystemExit from the env's own code.
+FAULTS = ("raise", "exit", "sigkill", "sigsegv", "hang", "interrupt", "sys.exit")
 _instances = itertools.count()  # envs built in this process
 
 
@@ -55,6 +57,10 @@ class FaultyEnv(CounterEnv):
             os.kill(os.getpid(), signal.SIGSEGV)
         if self.fault == "hang":
             time.sleep(3600)
+        if self.fault == "interrupt":
+            raise KeyboardInterrupt(f"interrupted at step {self.steps_since_built}")
+        if self.fault == "sys.exit":
+            sys.exit(f"gave up at step {self.steps_since_built}")
 
 
 class BadObservationEnv(CounterEnv):

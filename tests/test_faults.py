@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import aiovec
+from tests.async_envs import AsyncCounterEnv
+from tests.batched import point_masses
 from tests.conftest import pid_alive, worker_pids, worker_processes
 from tests.envs import CounterEnv
 from tests.faulty import BadObservationEnv, FailingConstructorEnv, FaultyEnv
@@ -67,6 +69,72 @@ def test_raising_env_is_reported_with_traceback(backend):
         assert error.exc_message == "simulator diverged at step 2"
         assert "in _fail" in error.worker_traceback
         assert_healthy_envs_still_work(venv)
+
+
+# A worker ignores SIGINT (Ctrl-C belongs to the agent), so there a KeyboardInterrupt
+# or SystemExit can only come from the env's own code: it is that env's error, as
+# AsyncVectorEnv's worker reports a KeyboardInterrupt, and the worker's other envs live on.
+ENV_EXITS = {
+    "interrupt": ("KeyboardInterrupt", "interrupted"),
+    "sys.exit": ("SystemExit", "gave up"),
+}
+
+
+@pytest.mark.parametrize("fault", list(ENV_EXITS))
+@pytest.mark.parametrize("concurrent_envs", [False, True], ids=["in-turn", "threads"])
+def test_keyboardinterrupt_or_systemexit_raised_by_an_env_is_that_envs_error(
+    fault, concurrent_envs, no_leaks
+):
+    exc_type, text = ENV_EXITS[fault]
+    with aiovec.VecEnv(three_envs(fault), num_workers=1, concurrent_envs=concurrent_envs) as venv:
+        pids = worker_pids(venv)
+        venv.reset()
+        venv.step([0, 0, 0])
+        # Caught as AsyncVectorEnv's is (KeyboardInterrupt); a SystemExit is not
+        # re-raised as one, which would end the agent's process where nobody catches it.
+        expected = KeyboardInterrupt if fault == "interrupt" else aiovec.EnvError
+        with pytest.raises(expected) as caught:
+            venv.step([0, 0, 0])
+        error = caught.value
+        assert isinstance(error, aiovec.EnvError) and not isinstance(error, SystemExit)
+        assert (error.env_index, error.operation, error.exc_type) == (1, "step", exc_type)
+        assert error.exc_message == f"{text} at step 2"
+        assert "in _fail" in error.worker_traceback
+        assert_healthy_envs_still_work(venv)
+        assert worker_pids(venv) == pids  # the worker lived on
+
+
+def test_an_async_env_or_a_batched_env_raising_keyboardinterrupt_in_a_worker_is_its_error():
+    async_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, interrupt_at=1)]
+    with aiovec.VecEnv(async_fns, backend="process", num_workers=1) as venv:
+        venv.reset()
+        with pytest.raises(KeyboardInterrupt) as caught:
+            venv.step([0, 0])
+        assert caught.value.env_index == 1 and "simulator 1 interrupted" in str(caught.value)
+        assert venv.step([0, 0])[0][0].tolist() == [0, 2]  # env 0 goes on
+    with aiovec.make(
+        point_masses,
+        4,
+        envs_per_block=2,
+        backend="process",
+        num_workers=1,
+        env_kwargs=[{}, {"fail_at": 1, "fail_with": SystemExit}],
+    ) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(aiovec.EnvError, match=r"batched env of envs 2..3") as caught:
+            venv.step(np.zeros((4, 1), np.float32))
+        assert caught.value.exc_type == "SystemExit" and not isinstance(caught.value, SystemExit)
+
+
+@pytest.mark.parametrize("fault", list(ENV_EXITS))
+def test_an_env_that_raises_systemexit_is_rebuilt_under_the_restart_policy(fault):
+    with aiovec.VecEnv(three_envs(fault), num_workers=1, on_failure="restart") as venv:
+        venv.reset()
+        venv.step([0, 0, 0])
+        observations, _, _, truncations, infos = venv.step([0, 0, 0])
+        assert observations[1].tolist() == [1, 0] and truncations.tolist() == [False, True, False]
+        assert ENV_EXITS[fault][0] in infos["restart_reason"][1]
+        assert venv.worker_restarts == (0,)
 
 
 def test_hanging_env_times_out_and_names_the_late_env(no_leaks):

@@ -29,12 +29,17 @@ def _thread_name(env) -> str:
     return threading.current_thread().name
 
 
-class ExitingEnv(CounterEnv):
-    """Raises SystemExit on its second step: not an env error, the worker must fail."""
+class Fatal(BaseException):
+    """Neither an Exception nor KeyboardInterrupt/SystemExit (which are an env's errors
+    in a worker): what nothing in a worker expects."""
+
+
+class FatalEnv(CounterEnv):
+    """Raises :class:`Fatal` on its second step: not an env error, the worker must fail."""
 
     def step(self, action):
         if self.count == 1:
-            raise SystemExit(3)
+            raise Fatal("beyond any handler")
         return super().step(action)
 
 
@@ -127,8 +132,8 @@ def test_a_failed_env_is_rebuilt_in_its_own_thread():
         assert venv.restart_counts[0] == 1
 
 
-def test_systemexit_from_an_env_fails_its_worker_as_a_crash():
-    env_fns = [partial(ExitingEnv, 0), partial(CounterEnv, 1)]
+def test_a_baseexception_no_handler_expects_fails_its_worker_as_a_crash():
+    env_fns = [partial(FatalEnv, 0), partial(CounterEnv, 1)]
     with aiovec.VecEnv(env_fns, **THREADED) as venv:
         venv.reset()
         venv.step(np.zeros(2, dtype=np.int64))

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
 from aiovec._worker.blocks import BlockHost
-from aiovec._worker.host import EnvHost, StepOutcome, error_info
+from aiovec._worker.host import EnvHost, StepOutcome, env_errors, error_info
 from aiovec.errors import StepTimeoutError
 
 logger = logging.getLogger("aiovec")
@@ -342,7 +342,7 @@ async def close_after(
     for env in envs:
         try:
             result: Any = env.close()  # async envs return an awaitable
-        except Exception:
+        except env_errors():
             continue
         if inspect.isawaitable(result):
             closes.append(result)

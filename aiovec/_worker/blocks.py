@@ -43,6 +43,7 @@ from aiovec._worker.host import (
     describe,
     drive,
     drive_async,
+    env_errors,
     error_info,
 )
 
@@ -94,7 +95,7 @@ def build_blocks(
                     f"{type(block).__name__}.step is a coroutine function (an async batched "
                     "env); async batched envs run on backend='coroutine'"
                 )
-        except Exception as exc:
+        except env_errors() as exc:
             for built in blocks.values():
                 _close_quietly(built)
             raise EnvBuildError(block_error(first_row, envs_per_block, "make", exc)) from exc
@@ -260,7 +261,7 @@ class BlockHost(HostState):
             return reply
         try:
             return await drive_async(self._other_flow(first_row, command, positions), target)
-        except Exception as exc:
+        except env_errors() as exc:
             return exc
         finally:
             self._busy += time.perf_counter() - started
@@ -373,7 +374,7 @@ class BlockHost(HostState):
             self._write(first_row, observations, rewards, terminations, truncations)
             self._failures_in_a_row[first_row] = 0
             return split_infos(info, size), None, True
-        except Exception as exc:
+        except env_errors() as exc:
             return (yield from self._recover_flow(first_row, exc))
 
     def _block_actions(self, first_row: int, command: Step, positions: Sequence[int]) -> Any:
@@ -427,20 +428,20 @@ class BlockHost(HostState):
                 f"single_observation_space batched {size} times: {exc}"
             ) from None
 
-    def _recover_flow(self, first_row: int, exc: Exception) -> Flow:
+    def _recover_flow(self, first_row: int, exc: BaseException) -> Flow:
         """Rebuild and reset the block after ``exc`` (restart policy), or report ``exc``."""
         self._failures_in_a_row[first_row] += 1
         while self._failures_in_a_row[first_row] <= self._max_restarts:
             try:
                 yield _CLOSE
-            except Exception:
+            except env_errors():
                 pass  # a broken block may fail to close too
             try:
                 block = self._block_fns[first_row]()
                 self.envs[first_row] = _checked_block(block, self.envs_per_block)
                 reason = f"{type(exc).__qualname__}: {exc}"
                 return (yield from self._restarted_flow(first_row, reason)), None, False
-            except Exception as failure:  # rebuilding failed too: that counts as a failure
+            except env_errors() as failure:  # rebuilding failed too: that counts as a failure
                 exc = failure
                 self._failures_in_a_row[first_row] += 1
         return None, self._error(first_row, "step", exc), False
@@ -463,7 +464,7 @@ class BlockHost(HostState):
             try:
                 flow = self._other_flow(first_row, command, positions)
                 outcome = self._drive_block(first_row, flow)
-            except Exception as exc:
+            except env_errors() as exc:
                 outcome = exc
             outcomes.append(outcome)
         return self._other_reply(command, blocks, outcomes)

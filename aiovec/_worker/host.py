@@ -38,6 +38,25 @@ from aiovec._worker.threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 from aiovec.errors import StepTimeoutError
 
+_env_errors: tuple[type[BaseException], ...] = (Exception,)
+
+
+def env_errors() -> tuple[type[BaseException], ...]:
+    """What an env's call may raise that is that env's failure (reported, or the env
+    rebuilt) rather than the end of whatever runs it: any ``Exception`` and, in a worker
+    process, ``KeyboardInterrupt`` and ``SystemExit`` too (see :func:`catch_env_exits`)."""
+    return _env_errors
+
+
+def catch_env_exits() -> None:
+    """From now on, a ``KeyboardInterrupt`` or ``SystemExit`` raised by an env is that
+    env's error. Only for a worker process: it ignores SIGINT, so there these can only
+    come from an env's own code (``sys.exit()`` in a simulator's error handler), and
+    its other envs must live on. In the agent's process a KeyboardInterrupt is the
+    user's Ctrl-C, which must reach them."""
+    global _env_errors
+    _env_errors = (Exception, KeyboardInterrupt, SystemExit)
+
 
 def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
     """Capture ``exc`` (raised by env ``env_id``) with its formatted traceback."""
@@ -79,7 +98,7 @@ def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
                     f"the env factory returned {type(env).__name__}, not a gymnasium.Env "
                     "(or aiovec.AsyncEnv); it must be a callable that creates one env"
                 )
-        except Exception as exc:
+        except env_errors() as exc:
             for built in envs.values():
                 _close_quietly(built)
             raise EnvBuildError(error_info(env_id, "make", exc)) from exc
@@ -224,7 +243,7 @@ class EnvHost(HostState):
             operation, flow = self._flow(command, position)
             try:
                 results[position] = self._drive(env_id, flow)
-            except Exception as exc:
+            except env_errors() as exc:
                 errors.append(error_info(env_id, operation, exc))
         return self.control_reply(command, results, errors)
 
@@ -244,7 +263,7 @@ class EnvHost(HostState):
             operation, flow = self._flow(command, position)
             try:
                 results[position] = await self._drive_async(env_id, flow)
-            except Exception as exc:
+            except env_errors() as exc:
                 errors.append(error_info(env_id, operation, exc))
         return self.control_reply(command, results, errors)
 
@@ -300,7 +319,7 @@ class EnvHost(HostState):
                         needs_reset[env_id] = bool(terminated or truncated)
                         if failures[env_id]:
                             failures[env_id] = 0
-                except Exception as exc:
+                except env_errors() as exc:
                     outcome = self._recover(env_id, exc)
                 else:
                     infos.append(info)
@@ -313,7 +332,7 @@ class EnvHost(HostState):
                     rewards[env_id] = 0.0
                     terminations[env_id] = truncations[env_id] = False
                     needs_reset[env_id] = False
-                except Exception as exc:
+                except env_errors() as exc:
                     outcome = self._recover(env_id, exc)
                 else:
                     infos.append(info)
@@ -372,7 +391,7 @@ class EnvHost(HostState):
                     self._record_step(env_id, observation, reward, terminated, truncated)
             else:
                 info = self._drive(env_id, self._unplain_step_flow(env_id))
-        except Exception as exc:
+        except env_errors() as exc:
             return self._recover(env_id, exc)
         return StepOutcome(env_id, info, None, stepped)
 
@@ -401,7 +420,7 @@ class EnvHost(HostState):
                     self._record_step(env_id, observation, reward, terminated, truncated)
             else:
                 info = await self._drive_async(env_id, self._unplain_step_flow(env_id))
-        except Exception as exc:
+        except env_errors() as exc:
             return await self.recover_async(env_id, exc)
         except asyncio.CancelledError as exc:
             if _being_cancelled():
@@ -416,20 +435,20 @@ class EnvHost(HostState):
             self._next_step and self._needs_reset[env_id]
         )
 
-    def _recover(self, env_id: int, exc: Exception) -> StepOutcome:
+    def _recover(self, env_id: int, exc: BaseException) -> StepOutcome:
         """The outcome of a step of env ``env_id`` that failed with ``exc``: the env
         rebuilt and reset (restart policy), or ``exc`` reported."""
         try:
             info = self._drive(env_id, self._recover_flow(env_id, exc))
-        except Exception as final:
+        except env_errors() as final:
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
         return StepOutcome(env_id, info, None, False)
 
-    async def recover_async(self, env_id: int, exc: Exception) -> StepOutcome:
+    async def recover_async(self, env_id: int, exc: BaseException) -> StepOutcome:
         """:meth:`_recover` for envs whose methods may return awaitables."""
         try:
             info = await self._drive_async(env_id, self._recover_flow(env_id, exc))
-        except Exception as final:
+        except env_errors() as final:
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
         return StepOutcome(env_id, info, None, False)
 
@@ -490,7 +509,7 @@ class EnvHost(HostState):
         self._needs_reset[env_id] = False
         return info
 
-    def _recover_flow(self, env_id: int, exc: Exception) -> Flow:
+    def _recover_flow(self, env_id: int, exc: BaseException) -> Flow:
         """Rebuild env ``env_id`` after ``exc`` and answer with its reset; re-raise
         ``exc`` when restarting is off or the env keeps failing."""
         self._failures_in_a_row[env_id] += 1
@@ -498,13 +517,13 @@ class EnvHost(HostState):
             raise exc
         try:
             yield _CLOSE
-        except Exception:
+        except env_errors():
             pass  # a broken env may fail to close too
         while True:
             try:
                 self.envs[env_id] = self.rebuild(env_id)
                 break
-            except Exception as rebuild_error:
+            except env_errors() as rebuild_error:
                 # Never leave the closed env installed: the next command must not step it.
                 self.envs[env_id] = cast(gym.Env, _Unbuilt(rebuild_error))  # raises on use
                 self._failures_in_a_row[env_id] += 1
@@ -578,7 +597,7 @@ class _Unbuilt:
     """Stands in for an env whose rebuild failed: any use raises that failure (so the
     next command retries the rebuild, or reports it); closing it does nothing."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: BaseException) -> None:
         self._error = error
 
     def close(self) -> None:
@@ -611,7 +630,7 @@ def drive(flow: Flow, target: Callable[[], Any]) -> Any:
         while True:
             try:
                 result = request(target())
-            except Exception as exc:
+            except env_errors() as exc:
                 request = flow.throw(exc)
             else:
                 request = flow.send(result)
@@ -634,7 +653,7 @@ async def drive_async(
                 result = request(target()) if run is None else await run(request, target())
                 if inspect.isawaitable(result):
                     result = await result
-            except Exception as exc:
+            except env_errors() as exc:
                 request = flow.throw(exc)
             except asyncio.CancelledError as exc:
                 if _being_cancelled():
@@ -685,7 +704,7 @@ def _close_quietly(env: Any) -> None:
     # Any: a gym.Env, a gymnasium VectorEnv, or an async env whose close() is a coroutine
     try:
         result = env.close()
-    except Exception:
+    except env_errors():
         return
     if inspect.iscoroutine(result):  # an async env closed from sync code: cannot await here
         result.close()

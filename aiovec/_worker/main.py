@@ -49,7 +49,13 @@ from aiovec._transport.spin import SpinPolicy
 from aiovec._worker import thread_clock
 from aiovec._worker.async_server import AsyncEnvServer
 from aiovec._worker.blocks import BlockHost, build_host
-from aiovec._worker.host import EnvBuildError, EnvHost, StepOutcome, error_info
+from aiovec._worker.host import (
+    EnvBuildError,
+    EnvHost,
+    StepOutcome,
+    catch_env_exits,
+    error_info,
+)
 from aiovec._worker.thread_server import ThreadedEnvServer
 from aiovec.async_env import AsyncEnv
 
@@ -132,6 +138,7 @@ def worker_main(
     connection = Channel(sock)
     # Ctrl-C belongs to the agent's process, which then closes us in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    catch_env_exits()  # so an env's own KeyboardInterrupt or sys.exit() is its error
     try:
         try:
             # By value (a fork: inherited as they are) or pickled (the zygote, spawn).
@@ -234,7 +241,7 @@ def _serve_threads(connection: Channel, host: EnvHost) -> None:
     Raises:
         EOFError: the parent closed the connection (or went away).
         BaseException: what escaped an env's thread that was not the env's error
-            (``SystemExit`` from an env, a bug): the worker fails as a whole.
+            (a bug, a ``BaseException`` nothing expects): the worker fails as a whole.
     """
 
     def wake_receiver() -> None:  # an env's thread failed: end the blocking receive below

@@ -46,10 +46,11 @@ class ThreadedEnvServer:
     - replies reach ``send`` one at a time, never two concurrently, and each env's
       replies in the order of its commands (a multi-env command other than a step is
       answered when its last env is done, as the event-loop server does);
-    - an env's exception fails only that env's part (the host captures it and applies
-      its restart policy); anything else escaping an env's thread (``SystemExit``, a
-      bug) is kept in :attr:`failure` and reported to ``on_failure``, and the threads
-      stop serving.
+    - an env's exception (``KeyboardInterrupt`` and ``SystemExit`` included, see
+      :func:`~aiovec._worker.host.catch_env_exits`) fails only that env's part (the host
+      captures it and applies its restart policy); anything else escaping an env's
+      thread (a bug, a ``BaseException`` nothing expects) is kept in :attr:`failure` and
+      reported to ``on_failure``, and the threads stop serving.
     """
 
     def __init__(
