@@ -3,15 +3,21 @@ and ``call_async``/``call_wait``, as :class:`gymnasium.vector.AsyncVectorEnv` ha
 on top of :class:`aiovec.VecEnv`'s async core.
 
 Invariant (in ``_pending``): at most one split call is pending, ``(kind, state)``;
-a ``*_wait`` that times out leaves it pending, as nothing of it is lost. This module
-only sequences the split calls: what they do is the vector env's (it must not reach
-the scheduler or a backend itself).
+a ``*_wait`` that times out leaves it pending, as nothing of it is lost. A ``*_async``
+call made then is taken at once, as AsyncVectorEnv takes it, but sent only once the
+late call has finished (its state is a :class:`_Deferred`): its ``*_wait`` waits for
+the late call within its own timeout and drops the late results. So no ``*_async``
+ever waits for an env. This module only sequences the split calls: what they do is
+the vector env's (it must not reach the scheduler or a backend itself).
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+import copy
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from aiovec._checks import check_seconds
 from aiovec.errors import EnvError, NoPendingCallError, PendingCallError, WaitTimeoutError
@@ -32,6 +38,12 @@ class _Core(Protocol):
     def _blocking_call(self, method: str, async_method: str) -> None: ...
     def _run(self, coroutine: Coroutine[Any, Any, _T]) -> _T: ...
     def _reset_submit(self, seed: Any, options: Any) -> list[Ticket]: ...
+    def _reset_plan(self, seed: Any, options: Any) -> Any: ...
+    def _check_actions(self, actions: Any, count: int) -> Any: ...
+    def _check_call_name(self, name: str) -> None: ...
+
+    num_envs: int
+
     def _reset_wait(
         self, tickets: list[Ticket], timeout: float | None = None
     ) -> Coroutine[Any, Any, tuple[Any, dict[str, Any]]]: ...
@@ -44,13 +56,26 @@ class _Core(Protocol):
         self, env_ids: list[int], tickets: list[Ticket], timeout: float | None = None
     ) -> Coroutine[Any, Any, tuple[Any, ...]]: ...
     def _wait_pending(self, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T: ...
-    def _begin(self, kind: str, synchronous: bool = False) -> None: ...
+    def _begin(self, kind: str, synchronous: bool = False) -> tuple[str, Any] | None: ...
     def _end(self, kind: str) -> Any: ...
     def _waiting(
         self, kind: str, state: Any, timeout: float | None
     ) -> Coroutine[Any, Any, Any]: ...
     def _drop_late_call(self) -> None: ...
+    def _drop(self, late: tuple[str, Any], timeout: float | None) -> None: ...
+    def _late_call(self) -> tuple[str, Any]: ...
+    def _send_deferred(
+        self, kind: str, deferred: _Deferred, timeout: float | None
+    ) -> tuple[Any, float | None]: ...
     def _refuse_while_pending(self, method: str) -> None: ...
+
+
+class _Deferred(NamedTuple):
+    """A split call made while a late one (whose ``*_wait`` timed out) still runs:
+    its ``*_wait`` sends it once the late call has finished."""
+
+    late: tuple[str, Any]  #: the late call, ``(kind, state)``, whose results are dropped
+    send: Callable[[], Any]  #: sends this call; returns what its ``*_wait`` needs
 
 
 class SplitCalls:
@@ -68,36 +93,58 @@ class SplitCalls:
         options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
     ) -> None:
         """Start a reset; finish it with :meth:`reset_wait`."""
-        self._begin("reset")
-        self._pending = ("reset", self._reset_submit(seed, options))
+        late = self._begin("reset")
+        if late is None:
+            self._pending = ("reset", self._reset_submit(seed, options))
+        else:
+            self._reset_plan(seed, options)  # bad arguments are refused now
+            self._pending = ("reset", _Deferred(late, partial(self._reset_submit, seed, options)))
 
     def reset_wait(self: _Core, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Finish :meth:`reset_async`."""
         timeout = check_seconds("timeout", timeout, negative_ok=True)
         tickets = self._end("reset")
+        if isinstance(tickets, _Deferred):
+            tickets, timeout = self._send_deferred("reset", tickets, timeout)
         return self._wait_pending("reset", tickets, self._reset_wait(tickets, timeout))
 
     def step_async(self: _Core, actions: Any) -> None:
         """Start a step of every env; finish it with :meth:`step_wait`."""
-        self._begin("step")
-        self._pending = ("step", self._send(actions, None, stream=False))
+        late = self._begin("step")
+        if late is None:
+            self._pending = ("step", self._send(actions, None, stream=False))
+        else:
+            self._check_actions(actions, self.num_envs)  # bad actions are refused now
+            # A copy, as AsyncVectorEnv's pipes take one: the caller may reuse its array.
+            send = partial(self._send, copy.deepcopy(actions), None, stream=False)
+            self._pending = ("step", _Deferred(late, send))
 
     def step_wait(self: _Core, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`step_async`."""
         timeout = check_seconds("timeout", timeout, negative_ok=True)
         tickets = self._end("step")
+        if isinstance(tickets, _Deferred):
+            tickets, timeout = self._send_deferred("step", tickets, timeout)
         return self._wait_pending("step", tickets, self._step_wait(tickets, timeout))
 
     def call_async(self: _Core, name: str, *args: Any, **kwargs: Any) -> None:
         """Start a call on every env; finish it with :meth:`call_wait`."""
-        self._begin("call")
-        self._pending = ("call", self._call_submit(name, args, kwargs))
+        late = self._begin("call")
+        if late is None:
+            self._pending = ("call", self._call_submit(name, args, kwargs))
+        else:
+            self._check_call_name(name)  # a name call refuses is refused now
+            send = partial(self._call_submit, name, args, kwargs)
+            self._pending = ("call", _Deferred(late, send))
 
     def call_wait(self: _Core, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`call_async`."""
         timeout = check_seconds("timeout", timeout, negative_ok=True)
-        state: tuple[list[int], list[Ticket]] = self._end("call")
-        return self._wait_pending("call", state, self._call_wait(*state, timeout))
+        state = self._end("call")
+        if isinstance(state, _Deferred):
+            state, timeout = self._send_deferred("call", state, timeout)
+        env_ids, tickets = state
+        return self._wait_pending("call", state, self._call_wait(env_ids, tickets, timeout))
 
     def _waiting(
         self: _Core, kind: str, state: Any, timeout: float | None
@@ -119,24 +166,78 @@ class SplitCalls:
             self._pending, self._pending_timed_out = (kind, state), True
             raise
 
-    def _drop_late_call(self: _Core) -> None:
-        """Wait for the call whose ``*_wait`` timed out and drop its results, so that a
-        new call can start: AsyncVectorEnv takes new calls after a timeout (and hands
-        the late results to the next call); here they are never handed to anyone."""
-        assert self._pending is not None
+    def _late_call(self: _Core) -> tuple[str, Any]:
+        """The call still running whose ``*_wait`` timed out: the pending one, or the one
+        a pending deferred call waits for (which, never sent, is simply replaced)."""
+        assert self._pending is not None and self._pending_timed_out
         kind, state = self._pending
-        self._pending, self._pending_timed_out = None, False
+        return state.late if isinstance(state, _Deferred) else (kind, state)
+
+    def _drop(self: _Core, late: tuple[str, Any], timeout: float | None) -> None:
+        """Wait (up to ``timeout``) for the ``late`` call to finish, and drop its results:
+        AsyncVectorEnv takes new calls after a timeout (and hands the late results to
+        the next call); here they are never handed to anyone.
+
+        Raises:
+            aiovec.WaitTimeoutError: it did not finish within ``timeout``.
+        """
         try:
-            self._run(self._waiting(kind, state, None))
+            self._run(self._waiting(*late, timeout))
         except EnvError:
             pass  # the dropped call's env errors: already logged, as Gymnasium logs them
 
-    def _begin(self: _Core, kind: str, synchronous: bool = False) -> None:
-        """Refuse a call while a ``*_async`` call is pending (before anything is sent)."""
+    def _drop_late_call(self: _Core) -> None:
+        """Wait for the call whose ``*_wait`` timed out and drop it (a synchronous call
+        is about to start: it would wait for the late call anyway)."""
+        late = self._late_call()
+        self._pending, self._pending_timed_out = None, False
+        self._drop(late, None)
+
+    async def _await_late_call(self: _Core) -> None:
+        """For the async API: drop a call whose ``*_wait`` timed out, once it finished."""
+        if self._pending is None or not self._pending_timed_out:
+            return
+        late = self._late_call()
+        self._pending, self._pending_timed_out = None, False
+        try:
+            await self._waiting(*late, None)
+        except EnvError:
+            pass  # the dropped call's env errors: already logged, as Gymnasium logs them
+
+    def _send_deferred(
+        self: _Core, kind: str, deferred: _Deferred, timeout: float | None
+    ) -> tuple[Any, float | None]:
+        """Send a deferred ``kind`` call once its late call has finished (waiting for
+        that within ``timeout``): its state, and what is left of ``timeout``.
+
+        Raises:
+            aiovec.WaitTimeoutError: the late call is still running; the deferred call
+                stays pending (its ``*_wait`` may be called again).
+        """
+        started = time.monotonic()
+        try:
+            self._drop(deferred.late, timeout)
+        except WaitTimeoutError:
+            self._pending, self._pending_timed_out = (kind, deferred), True
+            raise
+        state = deferred.send()
+        if timeout is not None:
+            timeout = max(0.0, timeout - (time.monotonic() - started))
+        return state, timeout
+
+    def _begin(self: _Core, kind: str, synchronous: bool = False) -> tuple[str, Any] | None:
+        """Refuse a call while a ``*_async`` call is pending (before anything is sent).
+
+        After a ``*_wait`` timed out, a synchronous call drops the late call once it
+        has finished; a ``*_async`` call gets the late call back (it is sent after it).
+        """
         self._check_open(kind)
         if self._pending is not None and self._pending_timed_out:
+            if not synchronous:
+                return self._late_call()
             self._drop_late_call()
         self._refuse_while_pending(kind if synchronous else f"{kind}_async")
+        return None
 
     def _refuse_while_pending(self: _Core, method: str) -> None:
         """Raise :class:`~aiovec.PendingCallError` if a ``*_async`` call awaits its

@@ -421,6 +421,9 @@ class VecEnv(SplitCalls, VectorEnv):
             aiovec.EnvBusyError: an env to reset still has a step in flight or unread.
             aiovec.EnvError: an env raised in ``reset`` (names the env).
         """
+        if self._pending_timed_out:  # a split call whose *_wait timed out goes first
+            self._reset_plan(seed, options)  # bad arguments are refused before
+            await self._await_late_call()
         return await self._reset_wait(self._reset_submit(seed, options))
 
     @_timed
@@ -433,6 +436,9 @@ class VecEnv(SplitCalls, VectorEnv):
         If the awaiting task is cancelled, the steps still complete and their results
         can be collected with :meth:`recv`.
         """
+        if self._pending_timed_out:  # a split call whose *_wait timed out goes first
+            self._check_actions(actions, self.num_envs)  # bad actions are refused before
+            await self._await_late_call()
         return await self._step_wait(self._send(actions, None, stream=False))
 
     # --- async API: first-ready ---------------------------------------------------------------
@@ -597,6 +603,18 @@ class VecEnv(SplitCalls, VectorEnv):
         options: Any,  # a dict, or one dict (or None) per env: told apart below
     ) -> list[Ticket]:
         self._check_open("reset")
+        env_ids, make_reset = self._reset_plan(seed, options)
+        self._check_idle(env_ids, "reset")
+        self._scheduler.check_alive(env_ids)
+        tickets = self._scheduler.submit(env_ids, make_reset, is_step=False)
+        self._needs_reset[env_ids] = False
+        return tickets
+
+    def _reset_plan(
+        self, seed: int | Sequence[int | None] | None, options: Any
+    ) -> tuple[list[int], Callable[[int, list[int]], Reset]]:
+        """Check a reset's arguments: ``(the env ids to reset, make_reset(seq, group))``
+        building each worker's command. Reads and changes no state."""
         seeds = env_seeds(seed, self.num_envs)
         env_ids = self._scheduler.all_env_ids
         per_env = isinstance(options, (list, tuple))
@@ -613,16 +631,12 @@ class VecEnv(SplitCalls, VectorEnv):
                 if self.autoreset_mode is not AutoresetMode.DISABLED:
                     # Only DISABLED mode obliges a vector env to honour reset_mask.
                     self._check_whole_blocks(env_ids, "reset")
-        self._check_idle(env_ids, "reset")
-        self._scheduler.check_alive(env_ids)
 
         def make_reset(seq: int, group: list[int]) -> Reset:
             group_options = [options[i] for i in group] if per_env else options
             return Reset(seq, group, [seeds[i] for i in group], group_options, per_env)
 
-        tickets = self._scheduler.submit(env_ids, make_reset, is_step=False)
-        self._needs_reset[env_ids] = False
-        return tickets
+        return env_ids, make_reset
 
     async def _reset_wait(
         self, tickets: list[Ticket], timeout: float | None = None
@@ -649,6 +663,9 @@ class VecEnv(SplitCalls, VectorEnv):
 
         ``env_ids`` is reserved: it is not passed on to the method.
         """
+        if self._pending_timed_out:  # a split call whose *_wait timed out goes first
+            self._check_call_name(name)  # a name call refuses is refused before
+            await self._await_late_call()
         return await self._call_wait(*self._call_submit(name, args, kwargs, env_ids))
 
     @_timed
@@ -677,11 +694,7 @@ class VecEnv(SplitCalls, VectorEnv):
     ) -> tuple[list[int], list[Ticket]]:
         self._check_open(f"call {name!r}")
         if function is None:
-            check_name(name, "call")
-            if name in _RESERVED_CALLS:  # AsyncVectorEnv's refusal, word for word
-                raise ValueError(
-                    f"Trying to call function `{name}` with `call`, use `{name}` directly instead."
-                )
+            self._check_call_name(name)
         ids, _ = self._resolve_env_ids(env_ids)
         self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(
@@ -690,6 +703,14 @@ class VecEnv(SplitCalls, VectorEnv):
             is_step=False,
         )
         return ids, tickets
+
+    @staticmethod
+    def _check_call_name(name: str) -> None:
+        check_name(name, "call")
+        if name in _RESERVED_CALLS:  # AsyncVectorEnv's refusal, word for word
+            raise ValueError(
+                f"Trying to call function `{name}` with `call`, use `{name}` directly instead."
+            )
 
     async def _call_wait(
         self, env_ids: list[int], tickets: list[Ticket], timeout: float | None = None
@@ -715,6 +736,7 @@ class VecEnv(SplitCalls, VectorEnv):
         self._check_whole_blocks(ids, f"set_attr {name!r} on")
         by_env = dict(zip(ids, values))
         check_one_value_per_block(by_env, self.envs_per_block, name)
+        await self._await_late_call()  # a split call whose *_wait timed out goes first
         self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(
             ids,

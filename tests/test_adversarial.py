@@ -16,7 +16,9 @@ from gymnasium.error import NoAsyncCallError
 
 import aiovec
 from aiovec._worker import zygote as _zygote
+from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv
+from tests.faulty import FaultyEnv
 
 BOUND = 30
 
@@ -169,6 +171,93 @@ def test_a_new_call_after_a_timeout_drops_the_late_one_as_asyncvectorenv_goes_id
             assert observations[:, 1].tolist() == [2, 2]
         with pytest.raises(NoAsyncCallError):
             venv.step_wait()  # the dropped step is gone
+
+
+def _timed_out_step(venv) -> None:
+    venv.reset()
+    venv.step_async([0, 0])
+    with pytest.raises(aiovec.WaitTimeoutError):
+        venv.step_wait(timeout=0.05)
+
+
+@pytest.mark.parametrize("next_call", ["reset", "step", "call"])
+def test_an_async_call_after_a_timeout_never_waits_for_the_late_one(next_call):
+    """``*_async`` returns at once, as AsyncVectorEnv's does, even while the late call
+    hangs; its ``*_wait(timeout)`` then times out, and close() ends it all."""
+    env_fns = [partial(CounterEnv, 0), partial(FaultyEnv, 1, "hang", at_step=1)]
+    venv = aiovec.VecEnv(env_fns, backend="process", num_workers=2, close_timeout=0.2)
+    pids = worker_pids(venv)
+    try:
+        _timed_out_step(venv)
+        start, wait = {
+            "reset": (venv.reset_async, venv.reset_wait),
+            "step": (partial(venv.step_async, [0, 0]), venv.step_wait),
+            "call": (partial(venv.call_async, "count"), venv.call_wait),
+        }[next_call]
+        start()  # waited for the hung step forever
+        with pytest.raises(aiovec.WaitTimeoutError):
+            wait(timeout=0.05)
+        with pytest.raises(aiovec.WaitTimeoutError):  # and again: still pending
+            wait(timeout=0.05)
+        venv.reset_async()  # a newer call replaces the one never sent
+        with pytest.raises(aiovec.WaitTimeoutError):
+            venv.reset_wait(timeout=0.05)
+    finally:
+        venv.close()
+    assert not any(pid_alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("next_call", ["reset", "step", "call"])
+def test_an_async_call_after_a_timeout_is_sent_once_the_late_one_finished(next_call):
+    env_fns = [partial(CounterEnv, 0), partial(CounterEnv, 1, delay=1.0)]
+    with aiovec.VecEnv(env_fns, backend="process", num_workers=2) as venv:
+        _timed_out_step(venv)
+        if next_call == "reset":
+            venv.reset_async(seed=[1, 2])
+            observations, _ = venv.reset_wait(timeout=BOUND)
+            assert observations[:, 1].tolist() == [0, 0]
+        elif next_call == "step":
+            actions = np.zeros(2, dtype=np.int64)
+            venv.step_async(actions)
+            actions[:] = 1  # the caller's array is free again, as with AsyncVectorEnv
+            observations, rewards, _, _, infos = venv.step_wait(timeout=BOUND)
+            assert observations[:, 1].tolist() == [2, 2] and rewards.tolist() == [2.0, 2.0]
+            assert infos["action"].tolist() == [0, 0]
+        else:
+            venv.call_async("count")
+            assert venv.call_wait(timeout=BOUND) == (1, 1)  # the late step ran first
+        with pytest.raises(NoAsyncCallError):
+            venv.step_wait()  # the dropped step is gone
+
+
+def test_bad_arguments_after_a_timeout_are_refused_at_once_and_change_nothing():
+    env_fns = [partial(CounterEnv, 0), partial(CounterEnv, 1, delay=0.5)]
+    with aiovec.VecEnv(env_fns, backend="process", num_workers=2) as venv:
+        _timed_out_step(venv)
+        with pytest.raises(aiovec.InvalidSeedError):
+            venv.reset_async(seed=-1)
+        with pytest.raises(ValueError, match="shape"):
+            venv.step_async(np.zeros(5, dtype=np.int64))
+        with pytest.raises(ValueError, match="use `step` directly"):
+            venv.call_async("step")
+        observations, *_ = venv.step_wait(timeout=BOUND)  # the late step is still there
+        assert observations[:, 1].tolist() == [1, 1]
+
+
+def test_the_async_api_after_a_timed_out_step_wait_drops_the_late_step():
+    env_fns = [partial(CounterEnv, 0), partial(CounterEnv, 1, delay=0.5)]
+    with aiovec.VecEnv(env_fns, backend="process", num_workers=2) as venv:
+        _timed_out_step(venv)
+
+        async def main():
+            observations, *_ = await venv.astep(np.zeros(2, dtype=np.int64))
+            assert observations[:, 1].tolist() == [2, 2]
+            venv.step_async(np.zeros(2, dtype=np.int64))
+            with pytest.raises(aiovec.WaitTimeoutError):
+                venv.step_wait(timeout=0.05)
+            assert await venv.acall("count") == (3, 3)
+
+        aiovec.run(main())
 
 
 def test_recv_cannot_take_the_results_of_a_pending_step_async():
