@@ -20,6 +20,7 @@ import aiovec
 from tests.conftest import worker_pids
 from tests.envs import CounterEnv
 from tests.faulty import FaultyEnv
+from tests.helpers import random_traffic
 
 # concurrent_envs=True: the envs are served by threads from the first command on.
 THREADED = {"num_workers": 1, "concurrent_envs": True}
@@ -249,3 +250,105 @@ def test_the_receiving_thread_never_preempts_the_agent_and_env_threads_keep_thei
     assert policies[pid] == os.SCHED_BATCH  # the receiving thread: the worker's main one
     assert len(env_thread_ids) == 2 and pid not in env_thread_ids
     assert {policies[thread] for thread in env_thread_ids} == {os.SCHED_OTHER}
+
+
+# --- env lines: steps straight to the envs' threads (aiovec._transport.lines) ---------------
+
+
+def _lined_workers(venv) -> set[int]:
+    """The workers whose steps now go on their envs' lines."""
+    return set(venv._backend._threaded)
+
+
+async def test_steps_take_the_env_lines_and_calls_in_between_keep_their_order():
+    """Random first-ready traffic mixed with calls and set_attr on a worker stepping its
+    envs in threads: every result once, each env's counter in order, while the steps
+    go on the lines (and, with a call in flight, through the worker's socket)."""
+    env_fns = [partial(CounterEnv, i, delay_range=(0.0, 0.002)) for i in range(5)]
+    async with aiovec.VecEnv(env_fns, **THREADED) as venv:
+        await venv.areset()
+        assert _lined_workers(venv) == {0}
+        counts = [0] * 5
+
+        def check(batch, row, env_id, _):
+            counts[env_id] += 1
+            assert batch.observations[row].tolist() == [env_id, counts[env_id]]
+
+        for seed in range(3):
+            sent, received = await random_traffic(venv, 400, seed=seed, check=check)
+            assert sent == received
+            calls = [asyncio.create_task(venv.acall("count", env_ids=[i])) for i in range(5)]
+            await asyncio.sleep(0)  # the calls are sent
+            venv.send(np.zeros(5, dtype=np.int64))  # while they are in flight: after them
+            assert [value for (value,) in await asyncio.gather(*calls)] == counts
+            await venv.recv(min_envs=5)
+            counts = [count + 1 for count in counts]
+            await venv.aset_attr("count", counts)
+        assert _lined_workers(venv) == {0}
+
+
+def test_a_worker_that_measures_its_envs_waiting_switches_to_lines():
+    env_fns = [partial(CounterEnv, i, delay=0.004) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=2) as venv:  # concurrent_envs: measured
+        venv.reset()
+        for step in range(1, 12):
+            observations, *_ = venv.step(np.zeros(4, dtype=np.int64))
+            assert observations[:, 1].tolist() == [step] * 4
+        assert _lined_workers(venv) == {0, 1}
+
+
+def test_no_lines_for_cpu_bound_envs_one_env_per_worker_or_batched_envs():
+    with aiovec.VecEnv([partial(CounterEnv, i) for i in range(4)], num_workers=2) as venv:
+        venv.reset()
+        for _ in range(30):  # never waits: served in turn
+            venv.step(np.zeros(4, dtype=np.int64))
+        assert _lined_workers(venv) == set() and venv._backend._lines != {}
+    with aiovec.VecEnv([CounterEnv] * 2, num_workers=2, concurrent_envs=True) as venv:
+        venv.reset()
+        venv.step(np.zeros(2, dtype=np.int64))
+        assert venv._backend._lines == {}
+
+
+class ExitOnceEnv(CounterEnv):
+    """Ends its worker's process on its third step, the first time only (``marker``)."""
+
+    def __init__(self, env_index: int, marker: Path) -> None:
+        super().__init__(env_index)
+        self.marker = marker
+
+    def step(self, action):
+        if self.count == 2 and not self.marker.exists():
+            self.marker.touch()
+            os._exit(7)
+        return super().step(action)
+
+
+def test_a_restarted_worker_gets_new_lines(tmp_path):
+    env_fns = [partial(ExitOnceEnv, 0, tmp_path / "exited"), partial(CounterEnv, 1)]
+    with aiovec.VecEnv(env_fns, on_failure="restart", **THREADED) as venv:
+        venv.reset()
+        pids = worker_pids(venv)
+        for _ in range(2):
+            venv.step(np.zeros(2, dtype=np.int64))
+        _, _, _, truncated, _ = venv.step(np.zeros(2, dtype=np.int64))  # the worker died
+        assert truncated[0] and worker_pids(venv) != pids
+        venv.reset()  # env 1 may have answered before the worker died, or not
+        for step in range(1, 6):
+            observations, *_ = venv.step(np.zeros(2, dtype=np.int64))
+            assert observations[:, 1].tolist() == [step, step]
+        assert _lined_workers(venv) == {0}
+
+
+def test_closing_leaves_no_line_descriptors():
+    def count() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with aiovec.VecEnv([CounterEnv] * 4, num_workers=1, concurrent_envs=True) as venv:
+        venv.reset()  # the zygote started
+    before = count()
+    for _ in range(3):
+        with aiovec.VecEnv([CounterEnv] * 4, num_workers=1, concurrent_envs=True) as venv:
+            venv.reset()
+            venv.step(np.zeros(4, dtype=np.int64))
+            assert _lined_workers(venv) == {0}
+    assert count() == before

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct("<I")
 _CHUNK = 1 << 16
+#: Descriptors one message can pass (the kernel's SCM_MAX_FD).
+MAX_FDS = 253
 
 
 class Channel:
@@ -193,13 +195,23 @@ class Channel:
 
         The receiver must call :meth:`receive_fd` before reading any frame sent after it.
         """
-        sendfds(self.sock, [fd])
+        self.send_fds([fd])
+
+    def send_fds(self, fds: list[int]) -> None:
+        """Pass several descriptors at once (at most :data:`MAX_FDS`); the receiver
+        takes them with one :meth:`receive_fds`, before reading any frame sent after."""
+        sendfds(self.sock, fds)
 
     def receive_fd(self) -> int:
         """Receive a descriptor sent with :meth:`send_fd`; call with no frame pending."""
-        assert not self._pending, "a descriptor must not be interleaved with read-ahead frames"
-        (fd,) = recvfds(self.sock, 1)
+        (fd,) = self.receive_fds(1)
         return fd
+
+    def receive_fds(self, limit: int = 0) -> list[int]:
+        """The descriptors of one :meth:`send_fds` (at most ``limit``, default
+        :data:`MAX_FDS`); call with no frame pending."""
+        assert not self._pending, "a descriptor must not be interleaved with read-ahead frames"
+        return list(recvfds(self.sock, limit or MAX_FDS))
 
     def close(self) -> None:
         self.sock.close()

@@ -182,8 +182,14 @@ class Hello(msgspec.Struct, array_like=True, tag=True):
     async_envs: bool = False
 
 
-#: What a worker sends its agent: a reply, or its first message.
-WorkerMessage = Union[Reply, Hello]
+class Threads(msgspec.Struct, array_like=True, tag=True):
+    """A worker now serves each env from a thread of its own, which reads the steps sent
+    on that env's line (see :mod:`aiovec._transport.lines`) as well as what the
+    worker's receiving thread hands it."""
+
+
+#: What a worker sends its agent: a reply, its first message, or that it serves by threads.
+WorkerMessage = Union[Reply, Hello, Threads]
 
 # --- encoding of arbitrary values -----------------------------------------------------------
 

@@ -2,9 +2,13 @@
 
 Protocol on the worker's channel (a socket pair):
 1. worker -> parent: ``Hello`` (the envs' spaces, or the error of a failing factory);
-2. parent -> worker: the shared region's file descriptor (``SCM_RIGHTS``), then a
-   pickled ``(observation_space, action_space, num_envs, size)``;
-3. then one ``Reply`` per command, in order, until ``Close`` or end of file.
+2. parent -> worker: the shared region's file descriptor (``SCM_RIGHTS``), with, in
+   the same message, the two descriptors of each env's line (for all of its envs, or
+   none; see :mod:`aiovec._transport.lines`), then a pickled
+   ``(observation_space, action_space, num_envs, size)``;
+3. then one ``Reply`` per command, in order, until ``Close`` or end of file; a worker
+   that starts stepping its envs in threads says ``Threads`` first, after which steps
+   may also come on its env lines.
 
 The worker dies with the agent: ``PR_SET_PDEATHSIG`` on Linux (and a watch on the
 agent's pidfd when its parent is a forkserver), and end of file on the connection
@@ -39,6 +43,7 @@ from aiovec._transport.protocol import (
     Hello,
     Reply,
     Step,
+    Threads,
     decode_command,
     encode,
     encode_reply,
@@ -56,7 +61,7 @@ from aiovec._worker.host import (
     catch_env_exits,
     error_info,
 )
-from aiovec._worker.thread_server import ThreadedEnvServer
+from aiovec._worker.thread_server import EnvLine, ThreadedEnvServer
 from aiovec.async_env import AsyncEnv
 
 
@@ -160,7 +165,8 @@ def worker_main(
             hello = Hello(spaces=cloudpickle.dumps(descriptions), async_envs=async_envs)
             connection.send(encode(hello))
             # The region lives until this process exits; the kernel frees it after the last user.
-            region_fd = connection.receive_fd()
+            region_fd, *line_fds = connection.receive_fds()
+            env_lines = _lines(line_fds, list(envs))
             observation_space, action_space, num_envs, size = pickle.loads(connection.receive())
             region = SharedRegion(size, fd=region_fd)
             host.attach(
@@ -174,7 +180,7 @@ def worker_main(
             # A BlockHost never gets here: _serve (measure=False for it) returns only on Close.
             env_host = cast(EnvHost, host)
             if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
-                _serve_threads(connection, env_host)
+                _serve_threads(connection, env_host, env_lines)
                 return
             new_event_loop().run_until_complete(_serve_async(connection, env_host, step_timeout))
         finally:
@@ -232,11 +238,25 @@ def _serve(connection: Channel, host: EnvHost | BlockHost, spin: float, measure:
                 measure = False  # CPU-bound: one after the other is right
 
 
-def _serve_threads(connection: Channel, host: EnvHost) -> None:
+def _lines(fds: list[int], env_ids: list[int]) -> dict[int, EnvLine]:
+    """The env line of each of ``env_ids`` from the descriptors the agent passed (two
+    per env, in that order; none: the envs have no lines)."""
+    pairs = zip(fds[::2], fds[1::2])
+    return {
+        env_id: EnvLine(Channel(socket.socket(fileno=receiving)), socket.socket(fileno=sending))
+        for env_id, (receiving, sending) in zip(env_ids, pairs)
+    }
+
+
+def _serve_threads(
+    connection: Channel, host: EnvHost, lines: dict[int, EnvLine] | None = None
+) -> None:
     """Serve blocking envs that mostly wait, a thread each (see
     :class:`~aiovec._worker.thread_server.ThreadedEnvServer`), until ``Close``.
 
     This thread only receives and hands commands out; the envs' threads send the replies.
+    With ``lines``, steps may also come straight to the envs' threads, once the agent
+    has read ``Threads``.
 
     Raises:
         EOFError: the parent closed the connection (or went away).
@@ -250,7 +270,9 @@ def _serve_threads(connection: Channel, host: EnvHost) -> None:
         except OSError:
             pass
 
-    server = ThreadedEnvServer(host, connection.send_frames, on_failure=wake_receiver)
+    if lines:  # before any env's thread sends: the agent reads it before their replies
+        connection.send(encode(Threads()))
+    server = ThreadedEnvServer(host, connection.send_frames, on_failure=wake_receiver, lines=lines)
     _yield_to_the_agent_on_wakeup()  # after the envs' threads started: theirs is unchanged
     try:
         while True:

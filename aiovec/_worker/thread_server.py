@@ -17,11 +17,23 @@ wake-ups themselves (a receive, a hand-off, the env's sleep), not Python.
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 from collections.abc import Callable
-from typing import Any, Union
+from functools import partial
+from typing import Any, NamedTuple, Union, cast
 
-from aiovec._transport.protocol import EnvCommand, Reply, Step, encode_reply, merge_replies
+from aiovec._transport.channel import Channel
+from aiovec._transport.lines import TOKEN
+from aiovec._transport.protocol import (
+    EnvCommand,
+    Reply,
+    Step,
+    decode_command,
+    encode_reply,
+    expand_command,
+    merge_replies,
+)
 from aiovec._worker.host import EnvHost, StepOutcome
 
 #: An env's part of a command: the command and the env's position in its ``env_ids``.
@@ -29,6 +41,15 @@ _Request = tuple[EnvCommand, int]
 #: A finished step of one env (its command's seq, its outcome, its observation when
 #: observations travel in replies), or a whole reply ready to go.
 _Finished = Union[tuple[int, StepOutcome, Any], Reply]
+
+
+class EnvLine(NamedTuple):
+    """An env's line (:mod:`aiovec._transport.lines`) in its worker: the env's thread
+    reads ``incoming``; the receiving thread writes a token to ``tokens`` for each
+    command it queues for the env."""
+
+    incoming: Channel
+    tokens: socket.socket
 
 
 class ThreadedEnvServer:
@@ -59,8 +80,10 @@ class ThreadedEnvServer:
         send: Callable[[list[bytes]], None],
         on_failure: Callable[[], None] = lambda: None,
         name: str = "aiovec-env",
+        lines: dict[int, EnvLine] | None = None,
     ) -> None:
         self.host = host
+        self._lines = lines or {}
         self._send = send
         self._on_failure = on_failure
         #: What ended the server other than an env's own error (see the class docstring).
@@ -90,9 +113,11 @@ class ThreadedEnvServer:
         if type(command) is not Step:
             with self._lock:
                 self._gathering[command.seq] = [None] * len(command.env_ids)
-        queues = self._queues
+        queues, lines = self._queues, self._lines
         for position, env_id in enumerate(command.env_ids):
             queues[env_id].put((command, position))
+            if lines:  # the env's thread waits on its line: tell it where to look
+                self._send_token(env_id)
 
     def answer(self, reply: Reply) -> None:
         """Send ``reply`` (one the caller made itself, e.g. for an undecodable command)
@@ -103,8 +128,16 @@ class ThreadedEnvServer:
         """Stop every thread once its current call returns; what is still queued is
         dropped unanswered (the agent closes the worker, or it is gone)."""
         self._closed = True
-        for requests in self._queues.values():
+        for env_id, requests in self._queues.items():
             requests.put(None)
+            if env_id in self._lines:
+                self._send_token(env_id)
+
+    def _send_token(self, env_id: int) -> None:
+        try:
+            self._lines[env_id].tokens.sendall(TOKEN)
+        except OSError:  # closed: the env's thread has ended (see _next_on_line)
+            pass
 
     def join(self) -> None:
         """Wait until every env's thread has ended (after :meth:`shutdown`): an env is
@@ -118,8 +151,12 @@ class ThreadedEnvServer:
 
     def _serve_env(self, env_id: int, requests: queue.SimpleQueue[_Request | None]) -> None:
         host = self.host
+        line = self._lines.get(env_id)
+        next_request: Callable[[], _Request | None] = (
+            requests.get if line is None else partial(self._next_on_line, line, requests)
+        )
         try:
-            while (request := requests.get()) is not None and not self._closed:
+            while (request := next_request()) is not None and not self._closed:
                 command, position = request
                 if type(command) is Step:
                     outcome = host.step(env_id, host.action_of(command, position))
@@ -131,6 +168,20 @@ class ThreadedEnvServer:
                     self._part_done(command, position, host.execute(command.subset([position])))
         except BaseException as exc:  # not an env's error (the host captures those)
             self._fail(exc)
+
+    def _next_on_line(
+        self, line: EnvLine, requests: queue.SimpleQueue[_Request | None]
+    ) -> _Request | None:
+        """The env's next command: a step from its line, or (a token) what the receiving
+        thread queued; ``None`` once the server shuts down or the line is gone."""
+        try:
+            frame = line.incoming.receive()
+        except (EOFError, OSError):
+            return None
+        if not frame:  # a token: queued before it was sent
+            return requests.get()
+        step = cast(Step, expand_command(decode_command(frame), self.host.group))
+        return step, 0  # a step of this env alone
 
     def _part_done(self, command: EnvCommand, position: int, reply: Reply) -> None:
         """Env ``position`` of ``command`` is done: the last one sends the whole reply."""

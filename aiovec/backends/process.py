@@ -14,11 +14,12 @@ import multiprocessing
 import os
 import pickle
 import select
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import cloudpickle
 import gymnasium as gym
@@ -26,7 +27,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from aiovec._transport.buffers import Buffers, buffers_nbytes, build_buffers
-from aiovec._transport.channel import Channel, channel_pair
+from aiovec._transport.channel import HEADER, Channel, channel_pair
+from aiovec._transport.lines import MAX_LINES, MAX_WORKER_LINES, open_lines
 from aiovec._transport.memory import SharedRegion
 from aiovec._transport.protocol import (
     Close,
@@ -34,6 +36,7 @@ from aiovec._transport.protocol import (
     ErrorInfo,
     Hello,
     Step,
+    Threads,
     compact_step,
     decode_message,
     encode,
@@ -74,6 +77,21 @@ DEFAULT_SPIN = 200e-6
 
 #: ``context=`` values: aiovec's own zygote, or a multiprocessing start method.
 CONTEXTS = ("zygote", "forkserver", "spawn", "fork")
+
+
+class _Frame(NamedTuple):
+    """A command ready for a worker's socket (see :meth:`ProcessBackend.prepare`)."""
+
+    seq: int
+    control: bool  #: not a step: steps stay off the env lines while it is in flight
+    data: bytes
+
+
+class _LineSteps(NamedTuple):
+    """A step ready for the env lines of a worker that steps its envs in threads: one
+    frame per env, each for that env's line."""
+
+    frames: list[tuple[socket.socket, bytes]]
 
 
 def default_context() -> str:
@@ -186,9 +204,18 @@ class ProcessBackend(Backend):
         # that exiting without close() terminates it instead of joining it (a hang).
         self._daemon = daemon
         # Restarted workers that have not said hello yet: (deadline, commands waiting).
-        self._starting: dict[int, tuple[float, list[bytes]]] = {}
+        self._starting: dict[int, tuple[float, list[Any]]] = {}
         self._start_errors: dict[int, Exception] = {}  # why a start failed, until its exit
         self._ready_since: dict[int, float] = {}
+        # Env lines (aiovec._transport.lines), for workers of several blocking envs that
+        # may step them in threads: worker -> env id -> the agent's end of its line.
+        self._lines: dict[int, dict[int, socket.socket]] = {}
+        self._lines_allowed = (
+            envs_per_block is None and concurrent_envs is not False and remote_envs <= MAX_LINES
+        )
+        self._threaded: set[int] = set()  # workers that said Threads: steps may take lines
+        # Per worker: the seqs of its commands other than steps still in flight.
+        self._controls: dict[int, set[int]] = {}
         self._local: EnvHost | BlockHost | None = None
         if inline_envs:
             self.groups.append(list(range(remote_envs, num_envs)))
@@ -222,6 +249,7 @@ class ProcessBackend(Backend):
                 # Placeholders that _start fills at once (close() copes with a failed start).
                 self._processes.append(None)  # type: ignore[arg-type]
                 self._connections.append(None)  # type: ignore[arg-type]
+                self._controls[worker] = set()
                 self._start(worker)
             local_descriptions: list[EnvDescription] = []
             if inline_envs:  # built while the workers build theirs
@@ -331,15 +359,48 @@ class ProcessBackend(Backend):
         num_envs = len(self.descriptions)
         self._region = SharedRegion(buffers_nbytes(observation_space, action_space, num_envs))
         self._layout = pickle.dumps((observation_space, action_space, num_envs, self._region.size))
-        for connection in self._connections:
-            connection.send_fd(self._region.fd)
-            connection.send(self._layout)
+        for worker in range(len(self._connections)):
+            self._hand_buffers(worker)
         self.buffers = build_buffers(
             observation_space, action_space, num_envs, self._region.allocator()
         )
         if self._local is not None:
             self._local.attach(self.buffers)
         return self.buffers
+
+    def _hand_buffers(self, worker: int) -> None:
+        """Give ``worker`` the shared region, its layout and the env lines it gets (see
+        aiovec._worker.main's protocol).
+
+        Raises:
+            OSError: the worker is gone.
+        """
+        self._close_lines(worker)
+        group = self.groups[worker]
+        lined = (
+            self._lines_allowed
+            and 1 < len(group) <= MAX_WORKER_LINES
+            and worker not in self._async_workers
+        )
+        agent_ends, worker_fds = open_lines(len(group) if lined else 0)
+        try:
+            fds = [fd for pair in worker_fds for fd in pair]
+            self._connections[worker].send_fds([cast(SharedRegion, self._region).fd, *fds])
+        except BaseException:
+            for end in agent_ends:
+                end.close()
+            raise
+        finally:
+            for receiving, _ in worker_fds:  # now the worker's alone
+                socket.close(receiving)
+        if agent_ends:
+            self._lines[worker] = dict(zip(group, agent_ends))
+        self._connections[worker].send(self._layout)
+
+    def _close_lines(self, worker: int) -> None:
+        self._threaded.discard(worker)
+        for line in self._lines.pop(worker, {}).values():
+            line.close()
 
     # --- failures -----------------------------------------------------------------------------
 
@@ -377,14 +438,12 @@ class ProcessBackend(Backend):
                 self._start_errors[worker] = cast(ErrorInfo, hello.error).to_exception()
             self._processes[worker].kill()  # reported with that error through the sentinel
             return
-        connection = self._connections[worker]
         try:
-            connection.send_fd(cast(SharedRegion, self._region).fd)  # attached before restarts
-            connection.send(self._layout)
+            self._hand_buffers(worker)  # attached before restarts
         except OSError:  # it died just now: reported through the sentinel
             return
         for payload in waiting:
-            self._send_soon(worker, payload)
+            self.submit(worker, payload)
         self._ready_since[worker] = time.monotonic()
 
     def _expire_starts(self) -> float | None:
@@ -411,17 +470,28 @@ class ProcessBackend(Backend):
 
     # --- commands and messages ----------------------------------------------------------------
 
-    def prepare(self, worker: int, command: EnvCommand) -> EnvCommand | bytes:
+    def prepare(self, worker: int, command: EnvCommand) -> EnvCommand | _Frame | _LineSteps:
         if worker == len(self._processes):  # this process's own group: run as is
             return command
         if worker in self._dead:
             raise WorkerGone(worker)
-        if type(command) is Step:
-            command = compact_step(command, self.groups[worker])
-        return encode(wire_command(command))
+        if type(command) is not Step:
+            return _Frame(command.seq, True, encode(wire_command(command)))
+        if worker in self._threaded and command.actions is None and not self._controls[worker]:
+            # Straight to the envs' threads (see aiovec._transport.lines): only while no
+            # other command of this worker is in flight, which the step could overtake.
+            lines, seq, stream = self._lines[worker], command.seq, command.stream
+            return _LineSteps(
+                [
+                    (lines[env_id], _framed(encode(Step(seq, [env_id], None, stream))))
+                    for env_id in command.env_ids
+                ]
+            )
+        command = compact_step(command, self.groups[worker])
+        return _Frame(command.seq, False, encode(wire_command(command)))
 
     def submit(self, worker: int, command: Any) -> None:
-        # command: from prepare: the EnvCommand itself for this process's own group, else bytes
+        # command: from prepare: the EnvCommand itself for this process's own group
         if worker == len(self._processes):  # this process's own group: run it now
             local = cast("EnvHost | BlockHost", self._local)  # built with the own group
             self._inbox.append((worker, local.execute(command)))
@@ -430,7 +500,16 @@ class ProcessBackend(Backend):
         if starting is not None:  # sent once the new worker has said hello
             starting[1].append(command)
             return
-        self._send_soon(worker, command)
+        if type(command) is _LineSteps:
+            for line, frame in command.frames:
+                try:  # a few dozen bytes to a line holding nothing else: never blocks
+                    line.sendall(frame)
+                except OSError:  # it died just now; its exit is reported through the sentinel
+                    return
+            return
+        if command.control:
+            self._controls[worker].add(command.seq)
+        self._send_soon(worker, command.data)
 
     def _send_soon(self, worker: int, frame: bytes) -> None:
         """Send without blocking: a worker that does not read now (its env is busy)
@@ -519,11 +598,19 @@ class ProcessBackend(Backend):
         return []
 
     def _drain(self, worker: int, connection: Channel) -> None:
+        controls = self._controls[worker]
         for frame in connection.receive_ready():
             if worker in self._starting:
                 self._started(worker, decode_message(frame))
                 continue
-            self._inbox.append((worker, decode_message(frame)))
+            message = decode_message(frame)
+            if type(message) is Threads:  # its envs' threads now read their lines
+                if worker in self._lines:
+                    self._threaded.add(worker)
+                continue
+            if controls:
+                controls.discard(message.seq)  # answered once, all its envs together
+            self._inbox.append((worker, message))
         if connection.eof:
             self._on_exit(worker)
 
@@ -535,6 +622,8 @@ class ProcessBackend(Backend):
         if worker in self._dead:
             return
         self._dead.add(worker)
+        self._threaded.discard(worker)
+        self._controls[worker].clear()  # in flight no more (the scheduler resends them)
         self._poller = None  # rebuilt without this worker's descriptors
         self._stop_flushing(worker)
         if self._loop is not None and not self._loop.is_closed():
@@ -595,6 +684,8 @@ class ProcessBackend(Backend):
         for connection in self._connections:
             if connection is not None:
                 connection.close()
+        for worker in list(self._lines):
+            self._close_lines(worker)
         self._dead.update(range(len(self._processes)))
         if self._local is not None:
             self._local.close()
@@ -602,6 +693,10 @@ class ProcessBackend(Backend):
         if self._region is not None:
             self._region.close()
             self._region = None
+
+
+def _framed(data: bytes) -> bytes:
+    return HEADER.pack(len(data)) + data
 
 
 def _sooner(timeout: float | None, other: float | None) -> float | None:
