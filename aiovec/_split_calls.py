@@ -17,10 +17,10 @@ import copy
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 from aiovec._checks import check_seconds
-from aiovec.errors import EnvError, NoPendingCallError, PendingCallError, WaitTimeoutError
+from aiovec.errors import NoPendingCallError, PendingCallError, WaitTimeoutError
 
 if TYPE_CHECKING:
     from aiovec._scheduler import Ticket
@@ -55,7 +55,8 @@ class _Core(Protocol):
     def _call_wait(
         self, env_ids: list[int], tickets: list[Ticket], timeout: float | None = None
     ) -> Coroutine[Any, Any, tuple[Any, ...]]: ...
-    def _wait_pending(self, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T: ...
+    def _finish(self, kind: str, timeout: float | None) -> Any: ...
+    def _defer(self, kind: str, late: tuple[str, Any], send: Callable[[], Any]) -> None: ...
     def _begin(self, kind: str, synchronous: bool = False) -> tuple[str, Any] | None: ...
     def _end(self, kind: str) -> Any: ...
     def _waiting(
@@ -78,6 +79,13 @@ class _Deferred(NamedTuple):
     send: Callable[[], Any]  #: sends this call; returns what its ``*_wait`` needs
 
 
+def _finished(call: tuple[str, Any]) -> bool:
+    """Whether every command of the split ``call`` (``(kind, state)``) has its answer."""
+    kind, state = call
+    tickets = state[1] if kind == "call" else state
+    return all(ticket.done for ticket in tickets)
+
+
 class SplitCalls:
     """The ``*_async``/``*_wait`` methods of :class:`aiovec.VecEnv`."""
 
@@ -98,34 +106,31 @@ class SplitCalls:
             self._pending = ("reset", self._reset_submit(seed, options))
         else:
             self._reset_plan(seed, options)  # bad arguments are refused now
-            self._pending = ("reset", _Deferred(late, partial(self._reset_submit, seed, options)))
+            self._defer("reset", late, partial(self._reset_submit, seed, options))
 
     def reset_wait(self: _Core, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Finish :meth:`reset_async`."""
         timeout = check_seconds("timeout", timeout, negative_ok=True)
-        tickets = self._end("reset")
-        if isinstance(tickets, _Deferred):
-            tickets, timeout = self._send_deferred("reset", tickets, timeout)
-        return self._wait_pending("reset", tickets, self._reset_wait(tickets, timeout))
+        return cast("tuple[Any, dict[str, Any]]", self._finish("reset", timeout))
 
     def step_async(self: _Core, actions: Any) -> None:
         """Start a step of every env; finish it with :meth:`step_wait`."""
         late = self._begin("step")
         if late is None:
             self._pending = ("step", self._send(actions, None, stream=False))
-        else:
-            self._check_actions(actions, self.num_envs)  # bad actions are refused now
-            # A copy, as AsyncVectorEnv's pipes take one: the caller may reuse its array.
-            send = partial(self._send, copy.deepcopy(actions), None, stream=False)
-            self._pending = ("step", _Deferred(late, send))
+            return
+        checked, _ = self._check_actions(actions, self.num_envs)  # bad ones refused now
+        # A copy, as AsyncVectorEnv's pipes take one: the caller may reuse its array.
+        try:
+            snapshot = copy.deepcopy(actions)
+        except Exception:  # an array-like that does not copy: the values it gave
+            snapshot = copy.deepcopy(checked)
+        self._defer("step", late, partial(self._send, snapshot, None, stream=False))
 
     def step_wait(self: _Core, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`step_async`."""
         timeout = check_seconds("timeout", timeout, negative_ok=True)
-        tickets = self._end("step")
-        if isinstance(tickets, _Deferred):
-            tickets, timeout = self._send_deferred("step", tickets, timeout)
-        return self._wait_pending("step", tickets, self._step_wait(tickets, timeout))
+        return cast("tuple[Any, ...]", self._finish("step", timeout))
 
     def call_async(self: _Core, name: str, *args: Any, **kwargs: Any) -> None:
         """Start a call on every env; finish it with :meth:`call_wait`."""
@@ -134,17 +139,14 @@ class SplitCalls:
             self._pending = ("call", self._call_submit(name, args, kwargs))
         else:
             self._check_call_name(name)  # a name call refuses is refused now
-            send = partial(self._call_submit, name, args, kwargs)
-            self._pending = ("call", _Deferred(late, send))
+            # Copies, as AsyncVectorEnv's pipes take them: the caller may change its own.
+            args, kwargs = copy.deepcopy((args, kwargs))
+            self._defer("call", late, partial(self._call_submit, name, args, kwargs))
 
     def call_wait(self: _Core, timeout: float | None = None) -> tuple[Any, ...]:
         """Finish :meth:`call_async`."""
         timeout = check_seconds("timeout", timeout, negative_ok=True)
-        state = self._end("call")
-        if isinstance(state, _Deferred):
-            state, timeout = self._send_deferred("call", state, timeout)
-        env_ids, tickets = state
-        return self._wait_pending("call", state, self._call_wait(env_ids, tickets, timeout))
+        return cast("tuple[Any, ...]", self._finish("call", timeout))
 
     def _waiting(
         self: _Core, kind: str, state: Any, timeout: float | None
@@ -157,14 +159,25 @@ class SplitCalls:
         env_ids, tickets = state
         return self._call_wait(env_ids, tickets, timeout)
 
-    def _wait_pending(self: _Core, kind: str, state: Any, waiting: Coroutine[Any, Any, _T]) -> _T:
-        """Run the wait of a ``*_async`` call; after a timeout the call stays pending
-        (its ``*_wait`` may be called again), as nothing of it is lost."""
+    def _finish(self: _Core, kind: str, timeout: float | None) -> Any:
+        """The ``*_wait`` of the pending ``kind`` call (sent first if it was deferred).
+        After a timeout the call stays pending (its ``*_wait`` may be called again), as
+        nothing of it is lost."""
+        state = self._end(kind)
+        left = timeout
+        if isinstance(state, _Deferred):
+            state, left = self._send_deferred(kind, state, timeout)
         try:
-            return self._run(waiting)
+            return self._run(self._waiting(kind, state, left))
         except WaitTimeoutError:
             self._pending, self._pending_timed_out = (kind, state), True
+            if left != timeout:  # part of it went to the late call: name the whole
+                raise WaitTimeoutError(f"no result within {timeout} s") from None
             raise
+
+    def _defer(self: _Core, kind: str, late: tuple[str, Any], send: Callable[[], Any]) -> None:
+        """Make ``kind`` the pending call, to be sent by its ``*_wait`` after ``late``."""
+        self._pending, self._pending_timed_out = (kind, _Deferred(late, send)), False
 
     def _late_call(self: _Core) -> tuple[str, Any]:
         """The call still running whose ``*_wait`` timed out: the pending one, or the one
@@ -183,26 +196,32 @@ class SplitCalls:
         """
         try:
             self._run(self._waiting(*late, timeout))
-        except EnvError:
-            pass  # the dropped call's env errors: already logged, as Gymnasium logs them
+        except Exception:
+            if not _finished(late):
+                raise  # still running: the wait timed out, or could not wait here
+            # It ended with errors: the dropped call's (logged, as Gymnasium logs them).
 
     def _drop_late_call(self: _Core) -> None:
         """Wait for the call whose ``*_wait`` timed out and drop it (a synchronous call
-        is about to start: it would wait for the late call anyway)."""
-        late = self._late_call()
+        is about to start: it would wait for the late call anyway). Until it has
+        finished, it stays pending."""
+        self._drop(self._late_call(), None)
         self._pending, self._pending_timed_out = None, False
-        self._drop(late, None)
 
-    async def _await_late_call(self: _Core) -> None:
-        """For the async API: drop a call whose ``*_wait`` timed out, once it finished."""
-        if self._pending is None or not self._pending_timed_out:
-            return
-        late = self._late_call()
-        self._pending, self._pending_timed_out = None, False
-        try:
-            await self._waiting(*late, None)
-        except EnvError:
-            pass  # the dropped call's env errors: already logged, as Gymnasium logs them
+    async def _before_async_call(self: _Core, method: str, check: Callable[[], object]) -> None:
+        """Start a call of the async API: refused while a ``*_async`` call awaits its
+        ``*_wait``; after a ``*_wait`` timed out, ``check()`` the call's arguments, then
+        drop the late call once it has finished (a cancelled wait leaves it pending)."""
+        if self._pending is not None and self._pending_timed_out:
+            check()
+            late = self._late_call()
+            try:
+                await self._waiting(*late, None)
+            except Exception:
+                if not _finished(late):
+                    raise
+            self._pending, self._pending_timed_out = None, False
+        self._refuse_while_pending(method)
 
     def _send_deferred(
         self: _Core, kind: str, deferred: _Deferred, timeout: float | None
@@ -217,7 +236,7 @@ class SplitCalls:
         started = time.monotonic()
         try:
             self._drop(deferred.late, timeout)
-        except WaitTimeoutError:
+        except BaseException:
             self._pending, self._pending_timed_out = (kind, deferred), True
             raise
         state = deferred.send()

@@ -112,9 +112,10 @@ def _env_error_class(base: type[EnvError], module: str | None, qualname: str) ->
     error_class = base
     if (
         isinstance(found, type)
-        # KeyboardInterrupt too, as AsyncVectorEnv re-raises one; never SystemExit,
-        # which would end the agent's process wherever nobody catches it.
-        and issubclass(found, (Exception, KeyboardInterrupt))
+        # Never KeyboardInterrupt or SystemExit (an env's own, raised in a worker):
+        # wherever it crossed a task, asyncio would take it for Ctrl-C or an exit and
+        # stop the caller's event loop.
+        and issubclass(found, Exception)
         and not issubclass(found, AiovecError)
     ):
         try:

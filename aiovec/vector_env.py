@@ -16,6 +16,7 @@ import functools
 import inspect
 import os
 from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import gymnasium as gym
@@ -67,7 +68,6 @@ from aiovec.backends._base import AsyncEnvsHereError, Backend
 from aiovec.errors import (
     ClosedError,
     EnvBusyError,
-    EnvError,
     NeedsResetError,
     NothingInFlightError,
 )
@@ -80,6 +80,10 @@ _RESERVED_CALLS = frozenset({"reset", "step", "close", "_setattr", "_check_space
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 _T = TypeVar("_T")
+
+
+def _no_check() -> None:
+    """For a call whose arguments are checked already."""
 
 
 def _timed(method: _Method) -> _Method:
@@ -421,9 +425,7 @@ class VecEnv(SplitCalls, VectorEnv):
             aiovec.EnvBusyError: an env to reset still has a step in flight or unread.
             aiovec.EnvError: an env raised in ``reset`` (names the env).
         """
-        if self._pending_timed_out:  # a split call whose *_wait timed out goes first
-            self._reset_plan(seed, options)  # bad arguments are refused before
-            await self._await_late_call()
+        await self._before_async_call("areset", partial(self._reset_plan, seed, options))
         return await self._reset_wait(self._reset_submit(seed, options))
 
     @_timed
@@ -436,9 +438,7 @@ class VecEnv(SplitCalls, VectorEnv):
         If the awaiting task is cancelled, the steps still complete and their results
         can be collected with :meth:`recv`.
         """
-        if self._pending_timed_out:  # a split call whose *_wait timed out goes first
-            self._check_actions(actions, self.num_envs)  # bad actions are refused before
-            await self._await_late_call()
+        await self._before_async_call("astep", partial(self._check_actions, actions, self.num_envs))
         return await self._step_wait(self._send(actions, None, stream=False))
 
     # --- async API: first-ready ---------------------------------------------------------------
@@ -456,6 +456,7 @@ class VecEnv(SplitCalls, VectorEnv):
                 range for the action space.
             aiovec.ClosedError: the vector env is closed.
         """
+        self._refuse_while_pending("send")  # a pending call's results are its *_wait's
         self._send(actions, env_ids, stream=True)
 
     def _send(self, actions: Any, env_ids: Any, stream: bool) -> list[Ticket]:
@@ -589,9 +590,8 @@ class VecEnv(SplitCalls, VectorEnv):
             env_ids, make_step = self._step_commands(actions, None, stream=False)
             scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
             return self._results.lockstep(env_ids, self.copy)
-        except KeyboardInterrupt as interrupt:
-            if not isinstance(interrupt, EnvError):  # Ctrl-C, not an env's own error
-                self.close(timeout=0)
+        except KeyboardInterrupt:
+            self.close(timeout=0)
             raise
         finally:
             scheduler.exit_call()
@@ -663,9 +663,7 @@ class VecEnv(SplitCalls, VectorEnv):
 
         ``env_ids`` is reserved: it is not passed on to the method.
         """
-        if self._pending_timed_out:  # a split call whose *_wait timed out goes first
-            self._check_call_name(name)  # a name call refuses is refused before
-            await self._await_late_call()
+        await self._before_async_call("acall", partial(self._check_call_name, name))
         return await self._call_wait(*self._call_submit(name, args, kwargs, env_ids))
 
     @_timed
@@ -682,6 +680,7 @@ class VecEnv(SplitCalls, VectorEnv):
         results come back by value. Useful for checks such as ``isinstance`` on wrappers.
         """
         name = getattr(function, "__name__", "function")
+        await self._before_async_call("aapply", _no_check)
         return await self._call_wait(*self._call_submit(name, args, kwargs, env_ids, function))
 
     def _call_submit(
@@ -736,7 +735,7 @@ class VecEnv(SplitCalls, VectorEnv):
         self._check_whole_blocks(ids, f"set_attr {name!r} on")
         by_env = dict(zip(ids, values))
         check_one_value_per_block(by_env, self.envs_per_block, name)
-        await self._await_late_call()  # a split call whose *_wait timed out goes first
+        await self._before_async_call("aset_attr", _no_check)  # its checks are done
         self._scheduler.check_alive(ids)
         tickets = self._scheduler.submit(
             ids,
@@ -878,11 +877,8 @@ class VecEnv(SplitCalls, VectorEnv):
         except StopIteration as finished:
             value: _T = finished.value  # what the coroutine returned
             return value
-        except KeyboardInterrupt as interrupt:
-            # Ctrl-C: stop the workers now rather than leave them. An env's own
-            # KeyboardInterrupt (an EnvError) is that env's failure: the others go on.
-            if not isinstance(interrupt, EnvError):
-                self.close(timeout=0)
+        except KeyboardInterrupt:
+            self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
             raise
         finally:
             scheduler.exit_call()

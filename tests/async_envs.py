@@ -32,6 +32,7 @@ class AsyncCounterEnv(AsyncEnv):
         block_at: int | None = None,
         cancel_at: int | None = None,
         interrupt_at: int | None = None,
+        in_subtask: bool = False,
     ) -> None:
         self.env_index, self.delay, self.mean_delay = env_index, delay, mean_delay
         self.episode_length, self.fail_at, self.hang_at = episode_length, fail_at, hang_at
@@ -41,6 +42,7 @@ class AsyncCounterEnv(AsyncEnv):
         self.block_at = block_at  # a step that blocks the whole event loop (a badly written env)
         self.cancel_at = cancel_at  # a step whose own request is cancelled (not the task)
         self.interrupt_at = interrupt_at  # a step that raises KeyboardInterrupt itself
+        self.in_subtask = in_subtask  # ... from a task of its own (asyncio.gather)
         self.steps_since_built = 0
         self.closed = False
 
@@ -49,6 +51,9 @@ class AsyncCounterEnv(AsyncEnv):
         await asyncio.sleep(self.reset_delay)
         self.count = 0
         return np.array([self.env_index, 0.0]), {"start": self.env_index}
+
+    async def _interrupt(self):
+        raise KeyboardInterrupt(f"simulator {self.env_index} interrupted")
 
     async def step(self, action):
         self.steps_since_built += 1
@@ -59,7 +64,9 @@ class AsyncCounterEnv(AsyncEnv):
         if self.steps_since_built == self.cancel_at:
             raise asyncio.CancelledError(f"simulator {self.env_index} cancelled the request")
         if self.steps_since_built == self.interrupt_at:
-            raise KeyboardInterrupt(f"simulator {self.env_index} interrupted")
+            if self.in_subtask:
+                await asyncio.gather(self._interrupt())
+            await self._interrupt()
         if self.steps_since_built == self.hang_at:
             await asyncio.Event().wait()  # never set
         if self.steps_since_built == self.block_at:

@@ -260,6 +260,76 @@ def test_the_async_api_after_a_timed_out_step_wait_drops_the_late_step():
         aiovec.run(main())
 
 
+def test_a_call_made_after_a_timeout_is_pending_like_any_other():
+    """A second ``*_async`` (or a sync call) while the first, made after a timeout,
+    awaits its ``*_wait`` is refused, as AsyncVectorEnv refuses it: neither call is lost."""
+    from gymnasium.error import AlreadyPendingCallError
+
+    env_fns = [partial(CounterEnv, 0), partial(CounterEnv, 1, delay=0.5)]
+    with aiovec.VecEnv(env_fns, backend="process", num_workers=2) as venv:
+        _timed_out_step(venv)
+        venv.reset_async(seed=[5, 6])
+        with pytest.raises(AlreadyPendingCallError):
+            venv.step_async([1, 1])
+        with pytest.raises(AlreadyPendingCallError):
+            venv.step([1, 1])
+        with pytest.raises(AlreadyPendingCallError):
+            venv.send([1], env_ids=[0])
+        observations, _ = venv.reset_wait(timeout=BOUND)
+        assert observations[:, 1].tolist() == [0, 0]
+        assert venv.call("np_random_seed") == (5, 6)
+
+
+def test_send_or_astep_while_a_reset_async_is_pending_is_refused():
+    """A step would overwrite the observations reset_wait then returns as its own."""
+    from gymnasium.error import AlreadyPendingCallError
+
+    with aiovec.VecEnv([partial(CounterEnv, i) for i in range(2)], num_workers=2) as venv:
+        venv.reset()
+        venv.step([0, 0])
+        venv.reset_async()
+        with pytest.raises(AlreadyPendingCallError, match="`send`"):
+            venv.send([1], env_ids=[0])
+
+        async def astep():
+            return await venv.astep([1, 1])
+
+        with pytest.raises(AlreadyPendingCallError, match="`astep`"):
+            aiovec.run(astep())
+        observations, _ = venv.reset_wait(timeout=BOUND)
+        assert observations[:, 1].tolist() == [0, 0]
+
+
+def test_cancelling_astep_that_waits_for_a_late_call_keeps_the_late_call_pending():
+    env_fns = [partial(CounterEnv, 0), partial(CounterEnv, 1, delay=0.5)]
+    with aiovec.VecEnv(env_fns, backend="process", num_workers=2) as venv:
+        _timed_out_step(venv)
+
+        async def main():
+            waiting = asyncio.create_task(venv.astep(np.zeros(2, dtype=np.int64)))
+            await asyncio.sleep(0.05)  # it waits for the late step
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+
+        aiovec.run(main())
+        observations, *_ = venv.step_wait(timeout=BOUND)  # the late step, still there
+        assert observations[:, 1].tolist() == [1, 1]
+        observations, *_ = venv.step([0, 0])
+        assert observations[:, 1].tolist() == [2, 2]
+
+
+def test_a_deferred_wait_that_times_out_names_the_timeout_given():
+    """The late step ends within the timeout, the new one after it: the error gives
+    the timeout passed, not what was left of it."""
+    env_fns = [partial(CounterEnv, 0), partial(CounterEnv, 1, delay=0.3)]
+    with aiovec.VecEnv(env_fns, backend="process", num_workers=2) as venv:
+        _timed_out_step(venv)
+        venv.step_async([0, 0])
+        with pytest.raises(aiovec.WaitTimeoutError, match=r"within 0\.4 s"):
+            venv.step_wait(timeout=0.4)
+
+
 def test_recv_cannot_take_the_results_of_a_pending_step_async():
     """``step_async``'s results belong to its ``step_wait``: ``recv`` taking them
     delivered every result twice (once by ``recv``, again by ``step_wait``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -90,13 +91,12 @@ def test_keyboardinterrupt_or_systemexit_raised_by_an_env_is_that_envs_error(
         pids = worker_pids(venv)
         venv.reset()
         venv.step([0, 0, 0])
-        # Caught as AsyncVectorEnv's is (KeyboardInterrupt); a SystemExit is not
-        # re-raised as one, which would end the agent's process where nobody catches it.
-        expected = KeyboardInterrupt if fault == "interrupt" else aiovec.EnvError
-        with pytest.raises(expected) as caught:
+        with pytest.raises(aiovec.EnvError) as caught:
             venv.step([0, 0, 0])
         error = caught.value
-        assert isinstance(error, aiovec.EnvError) and not isinstance(error, SystemExit)
+        # Neither a KeyboardInterrupt nor a SystemExit itself: asyncio would take it for
+        # Ctrl-C or an exit wherever it crossed a task, and stop the caller's loop.
+        assert not isinstance(error, (KeyboardInterrupt, SystemExit))
         assert (error.env_index, error.operation, error.exc_type) == (1, "step", exc_type)
         assert error.exc_message == f"{text} at step 2"
         assert "in _fail" in error.worker_traceback
@@ -104,11 +104,17 @@ def test_keyboardinterrupt_or_systemexit_raised_by_an_env_is_that_envs_error(
         assert worker_pids(venv) == pids  # the worker lived on
 
 
-def test_an_async_env_or_a_batched_env_raising_keyboardinterrupt_in_a_worker_is_its_error():
-    async_fns = [partial(AsyncCounterEnv, 0), partial(AsyncCounterEnv, 1, interrupt_at=1)]
+@pytest.mark.parametrize("in_subtask", [False, True], ids=["in-step", "in-a-task-of-its-own"])
+def test_an_async_env_or_a_batched_env_raising_keyboardinterrupt_in_a_worker_is_its_error(
+    in_subtask,
+):
+    async_fns = [
+        partial(AsyncCounterEnv, 0),
+        partial(AsyncCounterEnv, 1, interrupt_at=1, in_subtask=in_subtask),
+    ]
     with aiovec.VecEnv(async_fns, backend="process", num_workers=1) as venv:
         venv.reset()
-        with pytest.raises(KeyboardInterrupt) as caught:
+        with pytest.raises(aiovec.EnvError) as caught:
             venv.step([0, 0])
         assert caught.value.env_index == 1 and "simulator 1 interrupted" in str(caught.value)
         assert venv.step([0, 0])[0][0].tolist() == [0, 2]  # env 0 goes on
@@ -124,6 +130,26 @@ def test_an_async_env_or_a_batched_env_raising_keyboardinterrupt_in_a_worker_is_
         with pytest.raises(aiovec.EnvError, match=r"batched env of envs 2..3") as caught:
             venv.step(np.zeros((4, 1), np.float32))
         assert caught.value.exc_type == "SystemExit" and not isinstance(caught.value, SystemExit)
+
+
+def test_an_envs_keyboardinterrupt_leaves_the_callers_event_loop_running():
+    """Met in a task (``gather``), the env's error is that task's result, not a Ctrl-C
+    that stops the loop and cancels the others."""
+    with aiovec.VecEnv(three_envs("interrupt"), num_workers=1) as venv:
+
+        async def heartbeat() -> str:
+            await asyncio.sleep(0.05)
+            return "alive"
+
+        async def main():
+            await venv.areset()
+            await venv.astep([0, 0, 0])
+            step = venv.astep([0, 0, 0])
+            return await asyncio.gather(step, heartbeat(), return_exceptions=True)
+
+        error, beat = aiovec.run(main())
+        assert isinstance(error, aiovec.EnvError) and error.exc_type == "KeyboardInterrupt"
+        assert beat == "alive"
 
 
 @pytest.mark.parametrize("fault", list(ENV_EXITS))

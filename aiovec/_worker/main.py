@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import cloudpickle
@@ -182,7 +182,7 @@ def worker_main(
             if not async_envs:  # waiting envs: a thread each (never cancelled: see above)
                 _serve_threads(connection, env_host, env_lines)
                 return
-            new_event_loop().run_until_complete(_serve_async(connection, env_host, step_timeout))
+            _run_to_the_end(_serve_async(connection, env_host, step_timeout))
         finally:
             host.close()
     except (EOFError, ConnectionError):
@@ -296,6 +296,25 @@ def _serve_threads(
             server.submit(command)
     finally:
         server.shutdown()
+
+
+def _run_to_the_end(serving: Coroutine[Any, Any, None]) -> None:
+    """Run ``serving`` on a new event loop until it returns.
+
+    A ``KeyboardInterrupt`` or ``SystemExit`` raised in a task of an env's own (an
+    ``asyncio.gather`` in its step) leaves the loop, as asyncio lets them; that task
+    holds it too, so the loop is resumed and the env's command fails with it as with
+    any of its errors (see :func:`~aiovec._worker.host.catch_env_exits`).
+    """
+    loop = new_event_loop()
+    server = loop.create_task(serving)
+    while True:
+        try:
+            loop.run_until_complete(server)
+            return
+        except (KeyboardInterrupt, SystemExit):
+            if server.done():  # the server's own end, not an env's task
+                raise
 
 
 async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float | None) -> None:
