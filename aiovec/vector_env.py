@@ -350,6 +350,9 @@ class VecEnv(SplitCalls, VectorEnv):
         #: As given; workers always die with this process (see the README).
         self.daemon = daemon
         self._owner_pid = os.getpid()  # the process that may drive the workers
+        # Env id -> resets of it whose observations an areset has yet to take: a step
+        # or reset sent meanwhile would overwrite them in shared memory.
+        self._resetting: dict[int, int] = {}
         try:
             if batched:
                 self.autoreset_mode = block_autoreset_mode(
@@ -426,7 +429,19 @@ class VecEnv(SplitCalls, VectorEnv):
             aiovec.EnvError: an env raised in ``reset`` (names the env).
         """
         await self._before_async_call("areset", partial(self._reset_plan, seed, options))
-        return await self._reset_wait(self._reset_submit(seed, options))
+        tickets = self._reset_submit(seed, options)
+        env_ids = [env_id for ticket in tickets for env_id in ticket.env_ids]
+        resetting = self._resetting
+        for env_id in env_ids:
+            resetting[env_id] = resetting.get(env_id, 0) + 1
+        try:
+            return await self._reset_wait(tickets)
+        finally:  # taken, failed or given up: a step may follow
+            for env_id in env_ids:
+                if resetting[env_id] == 1:
+                    del resetting[env_id]
+                else:
+                    resetting[env_id] -= 1
 
     @_timed
     async def astep(
@@ -972,6 +987,14 @@ class VecEnv(SplitCalls, VectorEnv):
             )
 
     def _check_idle(self, env_ids: Sequence[int], operation: str) -> None:
+        if self._resetting:
+            resetting = [i for i in env_ids if i in self._resetting]
+            if resetting:
+                raise EnvBusyError(
+                    f"cannot {operation} envs {brief(resetting)}: their reset is still in "
+                    "flight, and would return what this sent wrote in its place; await "
+                    "areset() first"
+                )
         scheduler = self._scheduler
         if not scheduler.num_stepping and not scheduler.ready_queue:
             return

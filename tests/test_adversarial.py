@@ -330,6 +330,31 @@ def test_a_deferred_wait_that_times_out_names_the_timeout_given():
             venv.step_wait(timeout=0.4)
 
 
+@pytest.mark.parametrize("concurrent_envs", [False, True], ids=["in-turn", "threads"])
+def test_a_step_cannot_overwrite_the_observations_of_a_reset_in_flight(concurrent_envs):
+    """The worker would run the step right after the reset and write its observation
+    before the agent took the reset's."""
+    env_fns = [partial(CounterEnv, i) for i in range(2)]
+    with aiovec.VecEnv(env_fns, num_workers=1, concurrent_envs=concurrent_envs) as venv:
+
+        async def main():
+            await venv.areset()
+            await venv.astep([0, 0])
+            mask = np.array([True, False])
+            resetting = asyncio.create_task(venv.areset(options={"reset_mask": mask}))
+            await asyncio.sleep(0)  # sent
+            with pytest.raises(aiovec.EnvBusyError, match="reset is still in flight"):
+                venv.send([1], env_ids=[0])
+            venv.send([1], env_ids=[1])  # another env: free
+            observations, _ = await resetting
+            assert observations[0].tolist() == [0, 0]
+            venv.send([1], env_ids=[0])  # and now it may
+            batch = await venv.recv(min_envs=2, timeout=BOUND)
+            assert sorted(batch.observations[:, 1].tolist()) == [1, 2]
+
+        aiovec.run(main())
+
+
 def test_recv_cannot_take_the_results_of_a_pending_step_async():
     """``step_async``'s results belong to its ``step_wait``: ``recv`` taking them
     delivered every result twice (once by ``recv``, again by ``step_wait``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from tests.helpers import random_traffic
 
 # concurrent_envs=True: the envs are served by threads from the first command on.
 THREADED = {"num_workers": 1, "concurrent_envs": True}
+BOUND = 30  # seconds: only a hang takes this long
 
 
 def _thread_name(env) -> str:
@@ -352,3 +354,82 @@ def test_closing_leaves_no_line_descriptors():
             venv.step(np.zeros(4, dtype=np.int64))
             assert _lined_workers(venv) == {0}
     assert count() == before
+
+
+async def test_commands_piling_up_for_a_busy_env_never_stall_its_neighbours():
+    """Hundreds of calls queued for an env in a long step: its line would fill up with
+    one token each, and the receiving thread block writing the next (every env of the
+    worker then stalls). One unread token per env at most."""
+    env_fns = [partial(CounterEnv, 0, delay=1.5)] + [partial(CounterEnv, i) for i in (1, 2)]
+    async with aiovec.VecEnv(env_fns, **THREADED) as venv:
+        await venv.areset()
+        assert _lined_workers(venv) == {0}
+        venv.send(np.zeros(1, dtype=np.int64), env_ids=[0])  # 1.5 s
+        calls = [asyncio.create_task(venv.acall("count", env_ids=[0])) for _ in range(600)]
+        await asyncio.sleep(0)  # all sent
+        for _ in range(30):  # the neighbours step on meanwhile
+            venv.send(np.zeros(2, dtype=np.int64), env_ids=[1, 2])
+            batch = await venv.recv(min_envs=2, max_envs=2, timeout=BOUND)
+            assert sorted(batch.env_ids.tolist()) == [1, 2]
+        assert not any(call.done() for call in calls)  # still behind env 0's step
+        assert {value for (value,) in await asyncio.gather(*calls)} == {1}
+        batch = await venv.recv(timeout=BOUND)
+        assert batch.env_ids.tolist() == [0]
+
+
+async def test_concurrent_tasks_stepping_and_setting_see_each_envs_commands_in_order():
+    """One task steps first-ready while another sets and reads counters at random: a
+    step (on its line) must never overtake a command sent before it, nor a command a
+    step sent before it (the merge by sequence number in the env's thread)."""
+    rng = random.Random(7)
+    env_fns = [partial(CounterEnv, i, delay_range=(0.0, 0.002)) for i in range(4)]
+    async with aiovec.VecEnv(env_fns, **THREADED) as venv:
+        await venv.areset()
+        model, in_flight, problems = [0] * 4, {}, []
+        stop = time.monotonic() + 3.0
+
+        async def stepper() -> None:
+            while time.monotonic() < stop or in_flight:
+                idle = [i for i in range(4) if i not in in_flight]
+                if idle and time.monotonic() < stop:
+                    chosen = rng.sample(idle, rng.randint(1, len(idle)))
+                    venv.send(np.zeros(len(chosen), dtype=np.int64), env_ids=chosen)
+                    for env_id in chosen:
+                        model[env_id] += 1
+                        in_flight[env_id] = model[env_id]
+                batch = await venv.recv(max_envs=rng.randint(1, 4), timeout=BOUND)
+                for env_id, observation in zip(batch.env_ids.tolist(), batch.observations):
+                    if observation[1] != in_flight.pop(env_id):
+                        problems.append((env_id, observation.tolist()))
+
+        async def controller() -> None:
+            while time.monotonic() < stop:
+                await asyncio.sleep(rng.uniform(0, 0.003))
+                env_ids = rng.sample(range(4), rng.randint(1, 4))
+                if rng.random() < 0.5:
+                    expected = tuple(model[i] for i in env_ids)
+                    if await venv.acall("count", env_ids=env_ids) != expected:
+                        problems.append(("call", env_ids))
+                else:
+                    values = [rng.randint(0, 10**6) for _ in env_ids]
+                    setting = venv.aset_attr("count", values, env_ids=env_ids)
+                    for env_id, value in zip(env_ids, values):
+                        model[env_id] = value  # sent on the first step of `setting`
+                    await setting
+
+        await asyncio.gather(stepper(), controller())
+        assert problems == []
+
+
+def test_no_lines_when_the_process_is_short_of_descriptors():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 200, hard))
+    try:
+        with aiovec.VecEnv([CounterEnv] * 4, **THREADED) as venv:
+            observations, *_ = venv.step(np.zeros(4, dtype=np.int64))
+            assert venv._backend._lines == {} and observations[:, 1].tolist() == [1] * 4
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -19,7 +19,8 @@ from __future__ import annotations
 import queue
 import socket
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, NamedTuple, Union, cast
 
@@ -84,6 +85,9 @@ class ThreadedEnvServer:
     ) -> None:
         self.host = host
         self._lines = lines or {}
+        # Envs whose line holds a token their thread has not read yet (see _wake).
+        self._tokens_unread: set[int] = set()
+        self._token_lock = threading.Lock()
         self._send = send
         self._on_failure = on_failure
         #: What ended the server other than an env's own error (see the class docstring).
@@ -117,7 +121,7 @@ class ThreadedEnvServer:
         for position, env_id in enumerate(command.env_ids):
             queues[env_id].put((command, position))
             if lines:  # the env's thread waits on its line: tell it where to look
-                self._send_token(env_id)
+                self._wake(env_id)
 
     def answer(self, reply: Reply) -> None:
         """Send ``reply`` (one the caller made itself, e.g. for an undecodable command)
@@ -131,12 +135,19 @@ class ThreadedEnvServer:
         for env_id, requests in self._queues.items():
             requests.put(None)
             if env_id in self._lines:
-                self._send_token(env_id)
+                self._wake(env_id)
 
-    def _send_token(self, env_id: int) -> None:
+    def _wake(self, env_id: int) -> None:
+        """Make env ``env_id``'s thread look at its queue: a token on its line, unless
+        one is there unread (for each token the thread takes its whole queue, so one
+        is enough, and however many commands wait, a line never fills up)."""
+        with self._token_lock:
+            if env_id in self._tokens_unread:
+                return
+            self._tokens_unread.add(env_id)
         try:
             self._lines[env_id].tokens.sendall(TOKEN)
-        except OSError:  # closed: the env's thread has ended (see _next_on_line)
+        except OSError:  # closed: the env's thread has ended (see _line_requests)
             pass
 
     def join(self) -> None:
@@ -153,7 +164,9 @@ class ThreadedEnvServer:
         host = self.host
         line = self._lines.get(env_id)
         next_request: Callable[[], _Request | None] = (
-            requests.get if line is None else partial(self._next_on_line, line, requests)
+            requests.get
+            if line is None
+            else partial(next, self._line_requests(env_id, line, requests))
         )
         try:
             while (request := next_request()) is not None and not self._closed:
@@ -169,19 +182,53 @@ class ThreadedEnvServer:
         except BaseException as exc:  # not an env's error (the host captures those)
             self._fail(exc)
 
-    def _next_on_line(
-        self, line: EnvLine, requests: queue.SimpleQueue[_Request | None]
-    ) -> _Request | None:
-        """The env's next command: a step from its line, or (a token) what the receiving
-        thread queued; ``None`` once the server shuts down or the line is gone."""
-        try:
-            frame = line.incoming.receive()
-        except (EOFError, OSError):
-            return None
-        if not frame:  # a token: queued before it was sent
-            return requests.get()
-        step = cast(Step, expand_command(decode_command(frame), self.host.group))
-        return step, 0  # a step of this env alone
+    def _line_requests(
+        self, env_id: int, line: EnvLine, requests: queue.SimpleQueue[_Request | None]
+    ) -> Iterator[_Request | None]:
+        """The env's commands in the order the agent sent them, from its line (steps)
+        and its queue (the rest, handed over by the receiving thread); ``None`` once
+        the server shuts down or the line is gone.
+
+        The two are merged by sequence number. A step on the line is there before any
+        later command reaches the queue (the agent sends them in order, each send
+        whole), so reading all the line holds after taking the queue, and before
+        choosing, never runs a queued command ahead of an earlier step.
+        """
+        group, incoming = self.host.group, line.incoming
+        steps: deque[Step] = deque()  # read from the line, not yet run
+        queued: deque[_Request | None] = deque()  # taken from the queue, not yet run
+        while True:
+            try:
+                while True:
+                    queued.append(requests.get_nowait())
+            except queue.Empty:
+                pass
+            try:  # the line after the queue: any step sent before what was just taken
+                frames = incoming.receive_ready()  # from the queue is on the line now
+            except OSError:
+                frames = []
+            if not frames and not steps and not queued:
+                if incoming.eof:
+                    yield None
+                    return
+                try:  # wait for the next step or token
+                    frames = [incoming.receive()]
+                except (EOFError, OSError):
+                    yield None
+                    return
+            for frame in frames:
+                if frame:
+                    steps.append(cast(Step, expand_command(decode_command(frame), group)))
+                else:  # a token: a later command finds none unread, and sends one
+                    with self._token_lock:
+                        self._tokens_unread.discard(env_id)
+            if queued and queued[0] is None:
+                yield None  # shut down: what is left is dropped
+                return
+            if steps and (not queued or steps[0].seq < queued[0][0].seq):  # type: ignore[index]
+                yield steps.popleft(), 0  # a step of this env alone
+            elif queued:
+                yield queued.popleft()
 
     def _part_done(self, command: EnvCommand, position: int, reply: Reply) -> None:
         """Env ``position`` of ``command`` is done: the last one sends the whole reply."""

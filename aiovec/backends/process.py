@@ -440,7 +440,8 @@ class ProcessBackend(Backend):
             return
         try:
             self._hand_buffers(worker)  # attached before restarts
-        except OSError:  # it died just now: reported through the sentinel
+        except OSError:  # it died just now, or cannot be reached: its end is reported
+            self._processes[worker].kill()  # through the sentinel, with the commands
             return
         for payload in waiting:
             self.submit(worker, payload)
