@@ -433,3 +433,26 @@ def test_no_lines_when_the_process_is_short_of_descriptors():
             assert venv._backend._lines == {} and observations[:, 1].tolist() == [1] * 4
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _inheritable_descriptors(env) -> list[str]:
+    """aiovec's: sockets and shared memory (multiprocessing's spawn keeps pipes of its own)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if fd > 2 and os.get_inheritable(fd) and target.startswith(("socket:", "/memfd:")):
+                found.append(target)
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return found
+
+
+@pytest.mark.parametrize("context", ["zygote", "spawn"])
+def test_a_workers_descriptors_are_not_inherited_by_what_its_envs_start(context):
+    """Shared memory, the worker's socket and its env lines: a program an env starts
+    with close_fds=False would otherwise hold them (and the worker's socket open)."""
+    with aiovec.VecEnv([CounterEnv] * 2, context=context, **THREADED) as venv:
+        venv.reset()
+        assert venv.apply(_inheritable_descriptors) == ([], [])

@@ -7,6 +7,7 @@ no selector built per poll and no second syscall per message.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -211,7 +212,10 @@ class Channel:
         """The descriptors of one :meth:`send_fds` (at most ``limit``, default
         :data:`MAX_FDS`); call with no frame pending."""
         assert not self._pending, "a descriptor must not be interleaved with read-ahead frames"
-        return list(recvfds(self.sock, limit or MAX_FDS))
+        fds = list(recvfds(self.sock, limit or MAX_FDS))
+        for fd in fds:  # ours alone: never inherited by a program this process starts
+            os.set_inheritable(fd, False)
+        return fds
 
     def close(self) -> None:
         self.sock.close()

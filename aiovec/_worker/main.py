@@ -138,6 +138,7 @@ def worker_main(
     envs (``envs_per_block`` given) are stepped one block after the other.
     """
     _die_with_agent(agent_pid)
+    sock.set_inheritable(False)  # as every descriptor of ours: see Channel.receive_fds
     if not daemon:  # its envs may start processes (multiprocessing refuses daemonic parents)
         multiprocessing.current_process().daemon = False
     connection = Channel(sock)

@@ -65,7 +65,11 @@ def _receive_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
     fds: list[int] = []
     needed = _HEADER.size
     while len(data) < needed:
-        chunk, new_fds, flags, _ = socket.recv_fds(sock, max(needed - len(data), 1 << 16), 4)
+        # MSG_CMSG_CLOEXEC: never inherited by a program this process (or a worker forked
+        # from it) starts.
+        chunk, new_fds, flags, _ = socket.recv_fds(
+            sock, max(needed - len(data), 1 << 16), 4, socket.MSG_CMSG_CLOEXEC
+        )
         if flags & socket.MSG_CTRUNC:  # the kernel dropped descriptors we had no room for
             for fd in new_fds + fds:
                 os.close(fd)
