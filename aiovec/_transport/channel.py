@@ -191,22 +191,11 @@ class Channel:
         del pending[:end]
         return frame
 
-    def send_fd(self, fd: int) -> None:
-        """Pass a file descriptor to the other process (``SCM_RIGHTS``).
-
-        The receiver must call :meth:`receive_fd` before reading any frame sent after it.
-        """
-        self.send_fds([fd])
-
     def send_fds(self, fds: list[int]) -> None:
-        """Pass several descriptors at once (at most :data:`MAX_FDS`); the receiver
-        takes them with one :meth:`receive_fds`, before reading any frame sent after."""
+        """Pass descriptors to the other process (``SCM_RIGHTS``; at most
+        :data:`MAX_FDS`); the receiver takes them with one :meth:`receive_fds`, before
+        reading any frame sent after."""
         sendfds(self.sock, fds)
-
-    def receive_fd(self) -> int:
-        """Receive a descriptor sent with :meth:`send_fd`; call with no frame pending."""
-        (fd,) = self.receive_fds(1)
-        return fd
 
     def receive_fds(self, limit: int = 0) -> list[int]:
         """The descriptors of one :meth:`send_fds` (at most ``limit``, default
