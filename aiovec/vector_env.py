@@ -181,8 +181,9 @@ class VecEnv(SplitCalls, VectorEnv):
 
         concurrent_envs: process backend: whether a worker steps its blocking envs
             concurrently, a thread each, answering first-ready (``True``), or one after
-            the other (``False``). Default ``None``: a worker of several envs measures
-            its first steps and goes concurrent when they mostly wait (sleep, IO).
+            the other (``False``). Default ``None``: a worker of several envs times its
+            steps (each env's first one left out) and goes concurrent when they
+            mostly wait (sleep, IO); computing envs are timed again now and then.
             CPU-bound envs gain nothing from threads. Async envs are always concurrent.
         max_concurrency: at most this many envs run a command (step, reset, ...) at
             the same time, as in ``gymnasium.vector.AsyncVectorEnv``: the process

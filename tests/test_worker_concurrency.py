@@ -38,6 +38,36 @@ class BusyEnv(CounterEnv):
         return super().step(action)
 
 
+class WarmingUpEnv(CounterEnv):
+    """Computes for its first ``busy_steps`` steps (a warm-up: Gymnasium's checker on the
+    first step, a JIT, a cache being filled), then waits ``delay`` seconds per step."""
+
+    def __init__(self, env_index: int = 0, busy_steps: int = 1, busy: float = 0.025) -> None:
+        super().__init__(env_index, delay=0.002)
+        self.busy_steps, self.busy, self.steps_taken = busy_steps, busy, 0
+
+    def step(self, action):
+        self.steps_taken += 1
+        if self.steps_taken <= self.busy_steps:
+            deadline = time.thread_time() + self.busy
+            while time.thread_time() < deadline:
+                pass
+            self.count += 1
+            return np.array([self.env_index, self.count], dtype=np.float64), 0.0, False, False, {}
+        return super().step(action)
+
+
+def _step_until_threaded(venv, max_steps: int) -> tuple[str, ...]:
+    names: tuple[str, ...] = ()
+    for step in range(max_steps):
+        venv.step(np.zeros(venv.num_envs, dtype=np.int64))
+        if step % 10 == 9:
+            names = venv.apply(_thread_name)
+            if all(name.startswith("aiovec-env") for name in names):
+                break
+    return names
+
+
 def _thread_name(env) -> str:
     return threading.current_thread().name
 
@@ -58,6 +88,25 @@ def test_a_worker_finds_out_that_its_envs_mostly_wait():
         for _ in range(3):
             venv.step(np.zeros(4, dtype=np.int64))
         assert all(name.startswith("aiovec-env") for name in venv.apply(_thread_name))
+
+
+def test_an_expensive_first_step_does_not_hide_that_the_envs_wait():
+    # Each env's first step after it is built is left out of the measurement.
+    env_fns = [partial(WarmingUpEnv, i) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=1) as venv:
+        venv.reset()
+        names = _step_until_threaded(venv, 30)
+        assert all(name.startswith("aiovec-env") for name in names), names
+
+
+def test_envs_found_computing_are_measured_again_later():
+    # A verdict of "computing" is not final: an env that starts waiting later (or was
+    # measured on a busy moment) gets its threads at a later measurement.
+    env_fns = [partial(WarmingUpEnv, i, busy_steps=8, busy=0.004) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=1) as venv:
+        venv.reset()
+        names = _step_until_threaded(venv, 300)
+        assert all(name.startswith("aiovec-env") for name in names), names
 
 
 def test_cpu_bound_envs_stay_one_after_the_other(machine):
