@@ -91,6 +91,8 @@ def resolve_env_ids(env_ids: Any, num_envs: int) -> list[int]:
         if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
             raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
         ids = [int(i) for i in ids]
+    if len(ids) == 1 and 0 <= ids[0] < num_envs:  # first-ready one env at a time
+        return ids
     if not ids:
         raise ValueError("env_ids is empty: send at least one env id")
     if min(ids) < 0 or max(ids) >= num_envs:
@@ -157,13 +159,16 @@ def check_seconds(
     """
     if value is None:
         return None
-    bound = "a positive" if positive else ("a" if negative_ok else "a non-negative")
-    wanted = f"{name} must be {bound} number of seconds (or None), got {value!r}"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise TypeError(wanted)
+        raise TypeError(_seconds_wanted(name, value, positive, negative_ok))
     if math.isnan(value) or (positive and value <= 0) or (not negative_ok and value < 0):
-        raise ValueError(wanted)
+        raise ValueError(_seconds_wanted(name, value, positive, negative_ok))
     return unlimited if math.isinf(value) and value > 0 else float(value)
+
+
+def _seconds_wanted(name: str, value: Any, positive: bool, negative_ok: bool) -> str:
+    bound = "a positive" if positive else ("a" if negative_ok else "a non-negative")
+    return f"{name} must be {bound} number of seconds (or None), got {value!r}"
 
 
 def check_count(name: str, value: Any, minimum: int, *, none_ok: bool = False) -> None:
@@ -174,6 +179,8 @@ def check_count(name: str, value: Any, minimum: int, *, none_ok: bool = False) -
         TypeError: not an int. ValueError: below ``minimum``.
     """
     if value is None and none_ok:
+        return
+    if type(value) is int and value >= minimum:  # the usual case, checked first
         return
     wanted = f"{name} must be an int >= {minimum}{' (or None)' if none_ok else ''}, got {value!r}"
     if not is_int(value):
@@ -227,7 +234,9 @@ def check_name(name: Any, operation: str) -> None:
 
 def check_max_envs(max_envs: int | None) -> None:
     """``recv``'s ``max_envs``: ``None`` or a positive int (numpy integers count)."""
-    if max_envs is not None and (not is_int(max_envs) or max_envs < 1):
+    if max_envs is None or (type(max_envs) is int and max_envs >= 1):  # the usual cases
+        return
+    if not is_int(max_envs) or max_envs < 1:
         raise ValueError(
             f"max_envs must be a positive int number of envs (or None), got {max_envs!r}"
         )

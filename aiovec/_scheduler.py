@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -148,10 +148,14 @@ class Scheduler:
 
     # --- sending ------------------------------------------------------------------------
 
-    def split(self, env_ids: Iterable[int]) -> list[tuple[int, list[int], Any]]:
+    def split(self, env_ids: Sequence[int]) -> list[tuple[int, list[int], Any]]:
         """``(worker, env ids, rows)`` per worker, order kept within each group."""
         if env_ids is self.all_env_ids:
             return self._all_groups
+        if len(env_ids) == 1:  # first-ready one env at a time: no grouping needed
+            (env_id,) = env_ids
+            worker, group = int(self.worker_of[env_id]), [int(env_id)]
+            return [(worker, group, group)]
         if len(self._all_groups) == 1:  # one group (inline, coroutine): no sorting needed
             env_ids = [int(env_id) for env_id in env_ids]
             return [(0, env_ids, env_ids)]
@@ -173,7 +177,7 @@ class Scheduler:
 
     def submit(
         self,
-        env_ids: Iterable[int],
+        env_ids: Sequence[int],
         make_command: Callable[[int, list[int]], EnvCommand],
         is_step: bool,
     ) -> list[Ticket]:
@@ -205,7 +209,7 @@ class Scheduler:
         return tickets
 
     def _prepare(
-        self, env_ids: Iterable[int], make_command: Callable[[int, list[int]], EnvCommand]
+        self, env_ids: Sequence[int], make_command: Callable[[int, list[int]], EnvCommand]
     ) -> list[tuple[int, list[int], Any, EnvCommand, Any]]:
         prepared = []
         for worker, group, rows in self.split(env_ids):
@@ -579,6 +583,8 @@ class Scheduler:
         if limit >= len(queue):
             env_ids = list(queue)
             queue.clear()
+        elif limit == 1:  # first-ready one env at a time
+            env_ids = [queue.popleft()]
         else:
             env_ids = [queue.popleft() for _ in range(limit)]
         # Every env (a lockstep step): one slice, not one write per env.

@@ -331,6 +331,8 @@ def _box_checker(space: spaces.Box, path: str = "actions") -> Callable[[Any, int
     one_element = _has_one_element(shape)
 
     def check(batch: Any, count: int) -> Checked:
+        if type(batch) is np.ndarray and batch.dtype == dtype and batch.shape == (count, *shape):
+            return batch, True  # the usual case, all checks passed at once
         array = np.asarray(batch)
         flat = _check_shape(array, count, shape, space, path, one_element)
         if array.dtype.kind not in "biuf":
@@ -365,7 +367,11 @@ def _discrete_checker(
 
     def check(batch: Any, count: int) -> Checked:
         array = np.asarray(batch)  # the caller's values: checked before any cast
-        flat = _check_shape(array, count, shape, space, path, one_element)
+        # The usual case (an array of the space's dtype and shape) skips to the range.
+        exact_array = type(batch) is np.ndarray and array.dtype == dtype
+        flat = False
+        if not exact_array or array.shape != (count, *shape):
+            flat = _check_shape(array, count, shape, space, path, one_element)
         kind = array.dtype.kind
         if kind not in "biuf":
             raise TypeError(f"{path}: expected integers for {space}, got dtype {array.dtype}")
@@ -384,6 +390,8 @@ def _discrete_checker(
         if not in_range:
             bad = array[(array < low) | (array > high)]
             raise ValueError(f"{path}: values {bad[:5].tolist()} are outside {space}")
+        if exact_array:
+            return array, not flat
         if _holds_python_values(batch):
             return batch, False
         return array, array.dtype == dtype and not flat

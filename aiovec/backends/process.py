@@ -481,11 +481,14 @@ class ProcessBackend(Backend):
         if worker in self._threaded and command.actions is None and not self._controls[worker]:
             # Straight to the envs' threads (see aiovec._transport.lines): only while no
             # other command of this worker is in flight, which the step could overtake.
-            lines, seq, stream = self._lines[worker], command.seq, command.stream
+            lines, env_ids = self._lines[worker], command.env_ids
+            if len(env_ids) == 1:  # first-ready one env at a time: the command as it is
+                return _LineSteps([(lines[env_ids[0]], _framed(encode(command)))])
+            seq, stream = command.seq, command.stream
             return _LineSteps(
                 [
                     (lines[env_id], _framed(encode(Step(seq, [env_id], None, stream))))
-                    for env_id in command.env_ids
+                    for env_id in env_ids
                 ]
             )
         command = compact_step(command, self.groups[worker])
