@@ -231,26 +231,30 @@ class Scheduler:
             aiovec.WaitTimeoutError: ``timeout`` seconds passed first (nothing is lost).
             aiovec.ClosedError: the vector env was closed meanwhile.
         """
-        timeout = check_seconds("timeout", timeout, negative_ok=True)  # nothing waited for yet
+        if timeout is not None:  # checked before anything is waited for
+            timeout = check_seconds("timeout", timeout, negative_ok=True)
         started = time.perf_counter()
         if not self._waiting:
             self._waits_started = started
         self._waiting += 1
         try:
-            await self._wait_until(condition, timeout, started)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if not self.blocking:
+                self._check_thread()
+                await asyncio.sleep(0)  # never starve the loop's other tasks
+                self.stats.record_lag(time.perf_counter() - started)
+            if not condition():
+                await self._wait_for(condition, timeout, deadline)
         finally:
             self._waiting -= 1
             if not self._waiting:  # count the time any task waited once
                 self.stats.wait_time += time.perf_counter() - self._waits_started
 
-    async def _wait_until(
-        self, condition: Callable[[], bool], timeout: float | None, started: float
+    async def _wait_for(
+        self, condition: Callable[[], bool], timeout: float | None, deadline: float | None
     ) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not self.blocking:
-            self._check_thread()
-            await asyncio.sleep(0)  # never starve the loop's other tasks
-            self.stats.record_lag(time.perf_counter() - started)
+        """The rest of :meth:`wait_until`, once the loop's other tasks had their turn:
+        a coroutine of its own only when ``condition`` does not hold yet."""
         while not condition():
             if self.closed:
                 raise ClosedError(reason="the vector env was closed while this call waited")
@@ -433,7 +437,8 @@ class Scheduler:
             self._count_busy(worker, message)
             if message.progressed:  # real work happened: not a crash loop
                 self._crashes_in_a_row[worker] = 0
-            if ticket.is_step and len(message.env_ids) < ticket.unanswered():
+            unanswered = ticket.unanswered() if ticket.answered else len(ticket.env_ids)
+            if ticket.is_step and len(message.env_ids) < unanswered:
                 if ticket.answered is None:
                     ticket.answered = set()
                 ticket.answered.update(message.env_ids)
@@ -554,7 +559,8 @@ class Scheduler:
         return next(self._sequence)
 
     def _record(self, ticket: Ticket, reply: Reply) -> None:
-        ticket.errors.update(self._read_reply(reply))
+        if reply.observations is not None or reply.errors:  # else nothing to keep
+            ticket.errors.update(self._read_reply(reply))
 
     def _read_reply(self, reply: Reply) -> dict[int, Exception]:
         """Keep the observations ``reply`` carries; its envs' errors, by env id."""

@@ -7,12 +7,13 @@ import asyncio
 import time
 from functools import partial
 
+import numpy as np
 import pytest
 
 import aiovec
 from tests.conftest import worker_processes
 from tests.envs import CounterEnv
-from tests.faulty import FlakyFactoryEnv
+from tests.faulty import FaultyEnv, FlakyFactoryEnv
 from tests.helpers import Heartbeat
 
 BOUND = 30
@@ -155,3 +156,23 @@ def test_an_env_rebuilt_in_a_step_that_fails_is_still_counted():
         assert raised >= 1
         assert v.restart_counts[0] == 1
         assert v.stats().env_restarts == int(v.restart_counts.sum())
+
+
+def test_closing_while_a_restarted_worker_waits_for_its_buffers_is_quiet(capfd):
+    # The worker is told to close before it was handed its shared memory: it stops
+    # without a traceback (the Close frame once reached it as "0 items of ancdata").
+    env_fns = [partial(FaultyEnv, 0, fault="exit", at_step=1), CounterEnv]
+    venv = aiovec.VecEnv(env_fns, num_workers=1, on_failure="restart", context="fork")
+    try:
+        venv.reset()
+        venv.send(np.zeros(2, dtype=np.int64))
+        deadline = time.monotonic() + 10
+        while venv.stats().worker_restarts == 0 and time.monotonic() < deadline:
+            venv.recv_nowait()  # applies the worker's exit: restarted, not yet handed buffers
+            time.sleep(0.01)
+        assert venv.stats().worker_restarts == 1
+        time.sleep(0.5)  # the new worker has built its envs and waits for its buffers
+    finally:
+        venv.close()
+    time.sleep(0.2)
+    assert "Traceback" not in capfd.readouterr().err

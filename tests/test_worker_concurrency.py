@@ -3,11 +3,13 @@ CPU-bound ones one after the other."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from functools import partial
 
 import numpy as np
+import pytest
 
 import aiovec
 from tests.envs import CounterEnv
@@ -109,6 +111,35 @@ def test_envs_found_computing_are_measured_again_later():
         assert all(name.startswith("aiovec-env") for name in names), names
 
 
+class FlakyBusyEnv(BusyEnv):
+    """Computes; with ``fail_every``, raises every that many steps. Its constructor
+    waits (a simulator polled until it is up): a rebuild waits, its steps never do."""
+
+    def __init__(self, env_index: int = 0, fail_every: int = 0) -> None:
+        for _ in range(10):
+            time.sleep(0.005)
+        super().__init__(env_index)
+        self.fail_every = fail_every
+
+    def step(self, action):
+        if self.fail_every and self.count % self.fail_every == self.fail_every - 1:
+            self.count += 1
+            raise RuntimeError("flaky")
+        return super().step(action)
+
+
+def test_rebuilding_an_env_inside_a_step_is_not_timed_as_waiting():
+    # on_failure="restart" rebuilds a failed env inside the step that failed: its
+    # constructor's waiting is not the envs' stepping.
+    env_fns = [partial(FlakyBusyEnv, 0, fail_every=3), partial(FlakyBusyEnv, 1)]
+    with aiovec.VecEnv(env_fns, num_workers=1, on_failure="restart", max_restarts=10**6) as venv:
+        venv.reset()
+        for _ in range(60):
+            venv.step(np.zeros(2, dtype=np.int64))
+        assert venv.restart_counts[0] >= 15
+        assert venv.apply(_thread_name) == ("MainThread",) * 2
+
+
 def test_cpu_bound_envs_stay_one_after_the_other(machine):
     # On a loaded machine too: preempted is not waiting (see aiovec._worker.thread_clock).
     env_fns = [partial(BusyEnv, i) for i in range(4)]
@@ -117,3 +148,24 @@ def test_cpu_bound_envs_stay_one_after_the_other(machine):
         for _ in range(10):
             venv.step(np.zeros(4, dtype=np.int64))
         assert venv.apply(_thread_name) == ("MainThread",) * 4
+
+
+def _timer_slack(env) -> int | None:
+    from aiovec._worker.timer_slack import timer_slack
+
+    return timer_slack()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+@pytest.mark.parametrize("concurrent_envs", [False, True], ids=["in-turn", "threads"])
+def test_envs_in_workers_wait_with_a_tight_timer_slack(concurrent_envs):
+    # An env's sleep ends when it asked, not up to the kernel's default 50 us later.
+    from aiovec._worker.timer_slack import ENV_TIMER_SLACK_NS, timer_slack
+
+    agents = timer_slack()
+    env_fns = [partial(CounterEnv, i) for i in range(2)]
+    with aiovec.VecEnv(env_fns, num_workers=1, concurrent_envs=concurrent_envs) as venv:
+        venv.reset()
+        venv.step(np.zeros(2, dtype=np.int64))
+        assert venv.apply(_timer_slack) == (ENV_TIMER_SLACK_NS,) * 2
+    assert timer_slack() == agents  # the agent's own threads are left as they are

@@ -62,6 +62,7 @@ from aiovec._worker.host import (
     error_info,
 )
 from aiovec._worker.thread_server import EnvLine, ThreadedEnvServer
+from aiovec._worker.timer_slack import set_timer_slack
 from aiovec.async_env import AsyncEnv
 
 
@@ -139,6 +140,7 @@ def worker_main(
     envs (``envs_per_block`` given) are stepped one block after the other.
     """
     _die_with_agent(agent_pid)
+    set_timer_slack()  # before any thread starts: each inherits it
     sock.set_inheritable(False)  # as every descriptor of ours: see Channel.receive_fds
     if not daemon:  # its envs may start processes (multiprocessing refuses daemonic parents)
         multiprocessing.current_process().daemon = False
@@ -207,7 +209,8 @@ class _WaitingMeter:
     """Finds out whether a worker's envs mostly wait, from the steps it times.
 
     Invariants: each env's first step after it is built is never timed (Gymnasium's
-    checker, a JIT or a cache make it unlike the others); a window closes once it holds
+    checker, a JIT or a cache make it unlike the others), nor a step during which an
+    env was rebuilt (a constructor's waiting is not stepping); a window closes once it holds
     ``MEASURE_SECONDS`` of steps; after a window of computing envs, no step is timed
     until the pause since that verdict has passed, and each such verdict doubles the
     pause (up to ``REMEASURE_MAX``)."""
@@ -236,14 +239,18 @@ class _WaitingMeter:
                 stepped[env_id], first = env, True
         return not first
 
-    def add(self, spent: thread_clock.Interval, env_steps: int) -> bool:
-        """Count a timed step; whether its envs are now found to mostly wait."""
+    def add(self, spent: thread_clock.Interval, command: Step) -> bool:
+        """Count a timed step (``command``, just run); whether its envs are now found to
+        mostly wait."""
+        envs, stepped = self._envs, self._stepped
+        if any(envs[env_id] is not stepped[env_id] for env_id in command.env_ids):
+            return False  # an env was rebuilt meanwhile (restart policy): not a step's time
         self._wall += spent.wall
         self._cpu += spent.cpu
         self._queued += spent.queued
         blocks = self._blocks
         self._blocks = None if blocks is None or spent.blocks is None else blocks + spent.blocks
-        self._env_steps += env_steps
+        self._env_steps += len(command.env_ids)
         if self._wall < MEASURE_SECONDS:
             return False
         window = thread_clock.Interval(self._wall, self._cpu, self._queued, self._blocks)
@@ -282,9 +289,7 @@ def _serve(connection: Channel, host: EnvHost | BlockHost, spin: float, measure:
                 _stream_step(send, host, command, step_times)
         else:
             send(encode_reply(host.execute(command), host.group))
-        if timed and cast(_WaitingMeter, meter).add(
-            thread_clock.since(start), len(command.env_ids)
-        ):
+        if timed and cast(_WaitingMeter, meter).add(thread_clock.since(start), cast(Step, command)):
             return True
 
 

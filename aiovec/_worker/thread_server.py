@@ -273,6 +273,9 @@ class ThreadedEnvServer:
         """The replies for ``finished``, in order: the step outcomes of one command
         merged into one reply, but never two outcomes of one env in a run of merged
         replies, so that each env's replies keep the order of its commands."""
+        if len(finished) == 1 and type(finished[0]) is tuple:  # one env's step: the usual
+            seq, outcome, observation = finished[0]
+            return [self._step_reply(seq, [(outcome, observation)])]
         replies: list[Reply] = []
         steps: dict[int, list[tuple[StepOutcome, Any]]] = {}  # seq -> its outcomes
         in_steps: set[int] = set()  # the envs in ``steps``

@@ -676,7 +676,14 @@ class ProcessBackend(Backend):
                     process.forget()
         else:
             for worker, connection in enumerate(self._connections):
-                if worker not in self._dead and connection is not None:
+                if worker in self._starting and connection is not None:
+                    # Not handed its buffers yet, it waits for descriptors, not frames:
+                    # the end of the channel stops it (a Close would arrive as garbage).
+                    try:
+                        connection.sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                elif worker not in self._dead and connection is not None:
                     try:  # a worker that does not read (its env is busy) gets no more time
                         connection.send(encode(Close(seq=0)), timeout=min(timeout, 0.1))
                     except OSError:  # gone, or not reading (TimeoutError): stopped below

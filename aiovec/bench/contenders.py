@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 import aiovec
+from aiovec._worker.timer_slack import set_timer_slack, timer_slack
 
 EnvFn = Callable[[], gym.Env]
 
@@ -128,7 +129,8 @@ class BareAsyncioFloor(Contender):
     """Not a vector env: ``num_envs`` bare tasks on one event loop, each sleeping the
     env's lognormal step time, handing its index to a consumer and waiting for the
     next go. What one loop on one core can do before any env runtime is added: the
-    floor that async-env throughput is measured against."""
+    floor that async-env throughput is measured against. It runs with the timer slack
+    aiovec's workers give their envs (see :mod:`aiovec._worker.timer_slack`)."""
 
     library = "asyncio"
 
@@ -155,7 +157,13 @@ class BareAsyncioFloor(Contender):
             await go
 
     def run(self, seconds: float) -> int:
-        return self._loop.run_until_complete(self._run(seconds))
+        previous = timer_slack()
+        set_timer_slack()
+        try:
+            return self._loop.run_until_complete(self._run(seconds))
+        finally:
+            if previous is not None:
+                set_timer_slack(previous)
 
     async def _run(self, seconds: float) -> int:
         steps, clock = 0, time.perf_counter
@@ -182,7 +190,8 @@ class ThreadsCeiling(Contender):
     process, in a tight loop, with nothing in between. For envs that wait (sleep, IO)
     this is what the machine's timers and scheduler allow before any runtime is added:
     a sleep overruns its time by tens to hundreds of microseconds, and a runtime can
-    only add to that."""
+    only add to that. Its threads wait with the timer slack aiovec's workers give
+    their envs (see :mod:`aiovec._worker.timer_slack`), so that it stays a ceiling."""
 
     library = "ceiling"
     name = "ceiling: one thread per env, no runtime"
@@ -199,6 +208,7 @@ class ThreadsCeiling(Contender):
         deadline = time.perf_counter() + seconds
 
         def step_until_deadline(index: int) -> None:
+            set_timer_slack()  # this thread's alone
             env, action, steps = self._envs[index], self._actions[index], 0
             while time.perf_counter() < deadline:
                 _, _, terminated, truncated, _ = env.step(action)
