@@ -78,6 +78,18 @@ __all__ = ["Batch", "VecEnv"]
 #: the vector env's back (no autoreset, no buffers), or close under it.
 _RESERVED_CALLS = frozenset({"reset", "step", "close", "_setattr", "_check_spaces"})
 
+#: This process's id, kept current in forked children: every send and recv checks it,
+#: and reading it is cheaper than asking the kernel each time.
+_this_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _this_pid
+    _this_pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 _T = TypeVar("_T")
 
@@ -978,7 +990,7 @@ class VecEnv(SplitCalls, VectorEnv):
     def _check_open(self, operation: str) -> None:
         if self.closed:
             raise ClosedError(operation)
-        if self._owner_pid != os.getpid() and self.num_workers:
+        if self._owner_pid != _this_pid and self.num_workers:
             # A forked child would drive the parent's workers, and both could then wait
             # for replies the other one took: refused, not a hang.
             raise RuntimeError(
