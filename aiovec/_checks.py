@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -201,8 +201,14 @@ def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
     if seed is None:
         return [None] * num_envs
     if is_int(seed):
-        if not 0 <= seed < 2**64 - num_envs:
-            raise InvalidSeedError(f"seed must be a non-negative int below 2**64, got {seed!r}")
+        if seed < 0:
+            raise InvalidSeedError(f"seed must be a non-negative int, got {seed!r}")
+        if seed + num_envs - 1 >= 2**64:  # env i is seeded with seed + i
+            raise InvalidSeedError(
+                f"seed {seed!r} seeds env i with seed + i, up to {seed + num_envs - 1} for "
+                f"{num_envs} envs: each env's seed must be below 2**64 (pass a smaller seed, "
+                "or one seed per env)"
+            )
         return [int(seed) + i for i in range(num_envs)]
     if isinstance(seed, (str, bytes, dict)) or not hasattr(seed, "__len__"):
         raise InvalidSeedError(
@@ -247,6 +253,14 @@ def brief(env_ids: list[int], shown: int = 10) -> str:
     if len(env_ids) <= shown:
         return str(env_ids)
     return f"[{', '.join(map(str, env_ids[:shown]))}, ... ({len(env_ids)} in all)]"
+
+
+def take_reset_mask(options: Any) -> None:
+    """Take ``"reset_mask"`` out of the options dict of a reset that was started, as
+    Gymnasium's vector envs do (``RecordEpisodeStatistics``, among others, tells a full
+    reset from a partial one by the key still being there)."""
+    if isinstance(options, MutableMapping):
+        options.pop("reset_mask", None)
 
 
 def reset_mask_ids(reset_mask: Any, num_envs: int) -> list[int]:

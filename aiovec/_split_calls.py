@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
-from aiovec._checks import check_seconds
+from aiovec._checks import check_seconds, take_reset_mask
 from aiovec.errors import NoPendingCallError, PendingCallError, WaitTimeoutError
 
 if TYPE_CHECKING:
@@ -106,7 +106,11 @@ class SplitCalls:
             self._pending = ("reset", self._reset_submit(seed, options))
         else:
             self._reset_plan(seed, options)  # bad arguments are refused now
-            self._defer("reset", late, partial(self._reset_submit, seed, options))
+            # The deferred reset keeps its own dict: the caller's loses its reset_mask
+            # now, as with a reset sent at once.
+            deferred = dict(options) if isinstance(options, Mapping) else options
+            self._defer("reset", late, partial(self._reset_submit, seed, deferred))
+            take_reset_mask(options)
 
     def reset_wait(self: _Core, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Finish :meth:`reset_async`."""

@@ -38,7 +38,11 @@ class EnvError(AiovecError):
 
     def __new__(cls, env_index: int = 0, *args: object, **kwargs: object) -> EnvError:
         # Exception bases such as OSError interpret constructor arguments; give none.
-        return super().__new__(cls)
+        try:
+            return super().__new__(cls)
+        except TypeError:  # the env's class has a __new__ that wants its own arguments:
+            # skipped, as its __init__ is (the attributes are aiovec's)
+            return BaseException.__new__(cls)
 
     def __init__(
         self,
@@ -79,10 +83,16 @@ class EnvError(AiovecError):
     ) -> EnvError:
         """An ``EnvError`` that is also an instance of the env's exception class, when
         that class is loaded here and can be combined; a plain ``EnvError`` otherwise."""
+        arguments = (env_index, operation, exc_type, exc_message, worker_traceback, exc_module)
         error_class = _env_error_class(cls, exc_module, exc_type)
-        return error_class(
-            env_index, operation, exc_type, exc_message, worker_traceback, exc_module
-        )
+        if error_class is cls:
+            return cls(*arguments)
+        try:
+            return error_class(*arguments)
+        except Exception:  # a class whose __new__ insists on its own arguments (an
+            # ExceptionGroup's): a plain EnvError, from now on, rather than no error at all
+            _ENV_ERROR_CLASSES[(exc_module, exc_type)] = cls
+            return cls(*arguments)
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep pickling (e.g. through Ray) lossless
         return (
@@ -107,16 +117,20 @@ def _env_error_class(base: type[EnvError], module: str | None, qualname: str) ->
     if known is not None:
         return known
     found: object = sys.modules.get(module) if module else None
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
+    try:
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+    except Exception:  # a module whose __getattr__ raises something else: no class
+        found = None
     error_class = base
     if (
         isinstance(found, type)
         # Never KeyboardInterrupt or SystemExit (an env's own, raised in a worker):
         # wherever it crossed a task, asyncio would take it for Ctrl-C or an exit and
-        # stop the caller's event loop.
+        # stop the caller's event loop. Nor StopIteration: raised from a coroutine (the
+        # async API, or the sync API driving one), Python turns it into a RuntimeError.
         and issubclass(found, Exception)
-        and not issubclass(found, AiovecError)
+        and not issubclass(found, (AiovecError, StopIteration, StopAsyncIteration))
     ):
         try:
             error_class = type(f"EnvError[{qualname}]", (base, found), {"__module__": __name__})

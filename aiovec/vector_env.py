@@ -40,6 +40,7 @@ from aiovec._checks import (
     refuse_custom_worker,
     reset_mask_ids,
     resolve_env_ids,
+    take_reset_mask,
 )
 from aiovec._construction import (
     check_envs_per_block,
@@ -636,6 +637,7 @@ class VecEnv(SplitCalls, VectorEnv):
         self._scheduler.check_alive(env_ids)
         tickets = self._scheduler.submit(env_ids, make_reset, is_step=False)
         self._needs_reset[env_ids] = False
+        take_reset_mask(options)
         return tickets
 
     def _reset_plan(

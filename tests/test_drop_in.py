@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import subprocess
 import sys
@@ -117,6 +118,59 @@ def test_an_env_exception_is_caught_by_its_own_class(backend):
         assert isinstance(caught.value, aiovec.EnvError)
         assert caught.value.env_index == 0
         assert "in step" in caught.value.worker_traceback
+
+
+class _PickyError(Exception):
+    """An exception class whose ``__new__`` needs its arguments, as ExceptionGroup's."""
+
+    def __new__(cls, code, detail):
+        return super().__new__(cls, code, detail)
+
+
+class _UnusualErrorEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
+    fault = None  # set by the test: which exception the next step raises
+
+    def step(self, action):
+        if self.fault == "group":  # Python 3.11+ (the test skips it before)
+            raise builtins.ExceptionGroup("the simulator failed", [ValueError("bad")])
+        if self.fault == "picky":
+            raise _PickyError(7, "no")
+        if self.fault == "stop":
+            raise StopIteration("the replay ran out")
+        return super().step(action)
+
+
+@pytest.mark.parametrize(
+    ("fault", "exc_type", "caught_as"),
+    [
+        ("group", "ExceptionGroup", Exception),
+        ("picky", "_PickyError", _PickyError),
+        # An EnvError alone: Python turns a StopIteration raised in a coroutine into
+        # a RuntimeError (a documented difference).
+        ("stop", "StopIteration", Exception),
+    ],
+)
+def test_any_exception_an_env_raises_is_its_envs_error_and_the_envs_go_on(
+    backend, fault, exc_type, caught_as
+):
+    # Whatever the class (one whose __new__ needs arguments, a StopIteration crossing
+    # aiovec's generators), the error names the env, and the vector env goes on.
+    import aiovec
+
+    if fault == "group" and not hasattr(builtins, "ExceptionGroup"):
+        pytest.skip("ExceptionGroup is Python 3.11's")
+
+    with aiovec.VecEnv([_UnusualErrorEnv, _UnusualErrorEnv], backend=backend) as venv:
+        venv.reset()
+        venv.set_attr("fault", [fault, None])
+        with pytest.raises(caught_as) as caught:
+            venv.step(np.array([0, 0]))
+        assert isinstance(caught.value, aiovec.EnvError)
+        assert not isinstance(caught.value, (RuntimeError, StopIteration))
+        assert (caught.value.env_index, caught.value.exc_type) == (0, exc_type)
+        venv.set_attr("fault", None)
+        observations, *_ = venv.step(np.array([0, 0]))
+        assert observations[:, 1].tolist() == [1, 2]  # env 0 was not counted in its failed step
 
 
 class _RaisesOnPositiveEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):

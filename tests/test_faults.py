@@ -8,8 +8,10 @@ import signal
 import time
 from functools import partial
 
+import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium import spaces
 
 import aiovec
 from tests.async_envs import AsyncCounterEnv
@@ -332,3 +334,68 @@ def test_an_error_message_with_a_lone_surrogate_keeps_its_class_and_text(backend
             venv.step(np.zeros(2, dtype=np.int64))
     assert caught.value.env_index == 0
     assert "\\udcff.cfg" in str(caught.value)
+
+
+class _ObservationAsGiven(gym.Env):
+    """Returns ``value`` (set by the test) as its observation from every step."""
+
+    def __init__(self, space):
+        self.observation_space, self.action_space = space, spaces.Discrete(2)
+        self.value = space.sample()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.value, 0.0, False, False, {}
+
+
+U8 = spaces.Box(0, 255, (2,), np.uint8)
+
+
+@pytest.mark.parametrize(
+    ("space", "value", "expected"),
+    [
+        (spaces.Box(0, 1, (1,), np.float32), 0.5, [0.5]),  # a scalar for one element
+        (spaces.Box(0, 9, (2,), np.float32), np.array([[1.0, 2.0]]), [1.0, 2.0]),
+        (spaces.Discrete(3), 2.0, 2),  # a whole float
+        (spaces.Box(0, 9, (2,), np.int64), np.array([3.0, 4.0]), [3, 4]),
+        (U8, np.array([3.0, 250.0], np.float32), [3, 250]),
+        (U8, [300 - 45, 0], [255, 0]),  # Python ints within range
+        (spaces.Dict(a=spaces.Discrete(2)), {"a": 1, "extra": "ignored"}, {"a": 1}),
+    ],
+)
+def test_an_observation_that_converts_without_changing_a_number_is_taken(
+    backend, space, value, expected
+):
+    # As Gymnasium's shared memory takes them; no value is changed on the way.
+    with aiovec.VecEnv([partial(_ObservationAsGiven, space)], backend=backend) as venv:
+        venv.reset()
+        venv.set_attr("value", [value])
+        observations, *_ = venv.step(np.zeros(1, dtype=np.int64))
+        if isinstance(expected, dict):
+            assert {key: observations[key][0].tolist() for key in expected} == expected
+        else:
+            assert observations[0].tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([300, -1], "uint8 cannot hold exactly"),  # would wrap to [44, 255]
+        (np.array([3.7, 1.0]), "uint8 cannot hold exactly"),  # would truncate to 3
+        (np.array([np.nan, 1.0]), "uint8 cannot hold exactly"),
+        (np.array([1, 2, 3]), r"shape \(2,\)"),
+    ],
+)
+def test_an_observation_that_would_change_in_conversion_is_refused(backend, value, message):
+    with aiovec.VecEnv([partial(_ObservationAsGiven, U8)] * 2, backend=backend) as venv:
+        venv.reset()
+        venv.set_attr("value", [value, np.array([1, 2], np.uint8)])
+        with pytest.raises(aiovec.EnvError, match=message) as caught:
+            venv.step(np.zeros(2, dtype=np.int64))
+        assert caught.value.env_index == 0
+        venv.set_attr("value", [np.array([5, 6], np.uint8)] * 2)
+        observations, *_ = venv.step(np.zeros(2, dtype=np.int64))
+        assert observations.tolist() == [[5, 6], [5, 6]]

@@ -63,6 +63,13 @@ def test_bad_seeds_are_refused_before_anything_is_sent(backend, seed):
         assert observations.shape[0] == 4
 
 
+def test_a_seed_whose_last_env_would_reach_2_64_says_so():
+    with aiovec.VecEnv(spaces_envs(3), backend="inline") as venv:
+        with pytest.raises(aiovec.InvalidSeedError, match=r"up to 18446744073709551616 for 3"):
+            venv.reset(seed=2**64 - 2)
+        venv.reset(seed=2**64 - 3)  # the last env gets 2**64 - 1: fine
+
+
 def test_a_seed_list_of_the_wrong_length_is_gymnasiums_assertion_error():
     with (
         aiovec.VecEnv(spaces_envs(2), backend="inline") as venv,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 
 import gymnasium as gym
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
 import aiovec
 from tests.envs import SpacesEnv
@@ -152,3 +154,43 @@ def test_cartpole_matches_sync_vector_env(backend):
         actual = run_episodes(venv, AutoresetMode.NEXT_STEP, 200, calls=False)
     for index, (a, e) in enumerate(zip(actual, expected)):
         assert_same(a, e, f"record[{index}]")
+
+
+@pytest.mark.parametrize("api", ["reset", "reset_async", "areset"])
+def test_a_reset_takes_reset_mask_out_of_the_callers_options_as_gymnasium_does(api):
+    # Gymnasium's vector envs pop it; RecordEpisodeStatistics then counts differently.
+    mask = np.array([True, False])
+    with aiovec.make("CartPole-v1", 2, autoreset_mode=AutoresetMode.DISABLED) as venv:
+        venv.reset(seed=0)
+        options = {"reset_mask": mask, "other": 1}
+        if api == "reset":
+            venv.reset(options=options)
+        elif api == "reset_async":
+            venv.reset_async(options=options)
+            venv.reset_wait()
+        else:
+            asyncio.run(venv.areset(options=options))
+        assert options == {"other": 1}
+
+
+def test_episode_statistics_under_partial_resets_match_async_vector_env():
+    def lengths(venv) -> list[int]:
+        venv = RecordEpisodeStatistics(venv)
+        venv.reset(seed=3)
+        venv.action_space.seed(3)
+        found: list[int] = []
+        for _ in range(120):
+            _, _, terminated, truncated, infos = venv.step(venv.action_space.sample())
+            if "episode" in infos:
+                found.extend(infos["episode"]["l"][infos["_episode"]].tolist())
+            done = terminated | truncated
+            if done.any():
+                venv.reset(options={"reset_mask": done})
+        venv.close()
+        return found
+
+    mode = {"autoreset_mode": AutoresetMode.DISABLED}
+    expected = lengths(
+        gym.make_vec("CartPole-v1", 3, vectorization_mode="async", vector_kwargs=mode)
+    )
+    assert lengths(aiovec.make("CartPole-v1", 3, **mode)) == expected

@@ -168,8 +168,12 @@ def observation_spaces(
 def row_writer(space: spaces.Space[Any], buffer: Any) -> Callable[[int, Any], None]:
     """A function ``write(index, value)`` storing one sample of ``space`` in row ``index``.
 
-    ``write`` raises ValueError, leaving the buffer as it was, when ``value`` does not
-    have the shape of ``space`` or has a dtype that does not convert to it within kind.
+    ``write`` takes a value of the space's shape and a dtype that converts to it within
+    kind, and any other value that converts without changing a number: the same count
+    of numbers in another shape (a scalar for a one-element Box), whole floats for an
+    integer space, integers in the dtype's range; for a Dict, keys beyond the space's
+    are left out (as Gymnasium's shared memory does). Anything else raises ValueError,
+    leaving the buffer as it was: never a value changed in silence (300 wrapped to 44).
     Built once per space so the per-step cost is a few comparisons and one copy.
     """
     raise TypeError(f"{type(space).__name__} is not a shareable space")
@@ -181,20 +185,40 @@ def row_writer(space: spaces.Space[Any], buffer: Any) -> Callable[[int, Any], No
 @row_writer.register(spaces.MultiBinary)
 def _array_row_writer(space: spaces.Space[Any], buffer: np.ndarray) -> Callable[[int, Any], None]:
     # Array spaces always have a shape and a dtype (Space types both as optional).
-    shape, dtype = space.shape, cast("np.dtype[Any]", space.dtype)
+    shape = cast("tuple[int, ...]", space.shape)
+    dtype = cast("np.dtype[Any]", space.dtype)
 
     def write(index: int, value: Any) -> None:
         array = value if type(value) is np.ndarray else np.asarray(value)
-        if array.shape != shape:
-            raise ValueError(
-                f"expected shape {shape} for {space}, got shape {array.shape} "
-                f"(value {_preview(value)})"
-            )
-        if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind"):
-            raise ValueError(f"expected dtype {dtype} for {space}, got dtype {array.dtype}")
-        buffer[index] = array
+        if array.shape == shape and (
+            array.dtype == dtype or np.can_cast(array.dtype, dtype, "same_kind")
+        ):
+            buffer[index] = array
+            return
+        buffer[index] = _converted_exactly(array, value, shape, dtype, space)
 
     return write
+
+
+def _converted_exactly(
+    array: np.ndarray, value: Any, shape: tuple[int, ...], dtype: np.dtype[Any], space: Any
+) -> np.ndarray:
+    """``array`` in ``shape`` and ``dtype`` if that changes no number, else ValueError."""
+    if array.size != math.prod(shape):
+        raise ValueError(
+            f"expected shape {shape} for {space}, got shape {array.shape} (value {_preview(value)})"
+        )
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"expected dtype {dtype} for {space}, got dtype {array.dtype}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        converted = array.astype(dtype).reshape(shape)
+        exact = bool(np.array_equal(converted.ravel(), array.ravel()))
+    if not exact:
+        raise ValueError(
+            f"expected dtype {dtype} for {space}, got dtype {array.dtype} with values that "
+            f"{dtype} cannot hold exactly (value {_preview(value)})"
+        )
+    return converted
 
 
 @row_writer.register(spaces.Dict)
@@ -202,7 +226,7 @@ def _dict_row_writer(space: spaces.Dict, buffer: dict[str, Any]) -> Callable[[in
     writers = {key: row_writer(sub, buffer[key]) for key, sub in space.spaces.items()}
 
     def write(index: int, value: Any) -> None:
-        if not isinstance(value, dict) or value.keys() != writers.keys():
+        if not isinstance(value, dict) or not writers.keys() <= value.keys():
             keys = sorted(value) if isinstance(value, dict) else type(value).__name__
             raise ValueError(f"expected a dict with keys {sorted(writers)}, got {keys}")
         for key, write_item in writers.items():

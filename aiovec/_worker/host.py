@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 import traceback
 from collections.abc import Awaitable, Callable, Generator
@@ -60,6 +61,7 @@ def catch_env_exits() -> None:
 
 def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
     """Capture ``exc`` (raised by env ``env_id``) with its formatted traceback."""
+    exc = _as_raised(exc)
     return ErrorInfo(
         env_id=env_id,
         operation=operation,
@@ -69,6 +71,22 @@ def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
         timeout=exc.timeout if isinstance(exc, StepTimeoutError) else None,
         exc_module=type(exc).__module__,
     )
+
+
+_AIOVEC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _as_raised(exc: BaseException) -> BaseException:
+    """The exception the env raised: a ``StopIteration`` crossing one of aiovec's
+    generators or coroutines comes out of it as the ``RuntimeError`` Python makes of it
+    (PEP 479), its cause the env's exception. Only where aiovec's own frame turned it
+    into one: an env's generator doing so is the env's own ``RuntimeError``."""
+    cause, tb = exc.__cause__, exc.__traceback__
+    if type(exc) is not RuntimeError or not isinstance(cause, StopIteration) or tb is None:
+        return exc
+    while tb.tb_next is not None:  # the frame that turned it into a RuntimeError
+        tb = tb.tb_next
+    return cause if tb.tb_frame.f_code.co_filename.startswith(_AIOVEC_DIR) else exc
 
 
 def _sendable(text: str) -> str:
