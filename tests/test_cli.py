@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -65,6 +69,22 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     assert "| W4 8 envs: make default lockstep >= 0.88 of the CPU limit | not run | - |" in (
         targets.stdout
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the relay forks its workers")
+def test_the_relay_bound_measures_w3_with_no_runtime():
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "relay_bound.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--seconds", "0.2", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    line = r"relay bound: ([\d,]+) steps/s, ([\d.]+) of ideal \(runs: [\d.]+\)\n"
+    match = re.fullmatch(line, result.stdout)
+    assert match is not None, result.stdout
+    assert float(match[1].replace(",", "")) > 0 and result.stderr == ""
 
 
 def test_tune_recommends_a_call(tmp_path):
