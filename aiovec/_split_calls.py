@@ -108,7 +108,10 @@ class SplitCalls:
             self._reset_plan(seed, options)  # bad arguments are refused now
             # The deferred reset keeps its own dict: the caller's loses its reset_mask
             # now, as with a reset sent at once.
-            deferred = dict(options) if isinstance(options, Mapping) else options
+            try:  # copied, as a reset sent at once takes them at once
+                deferred = copy.deepcopy(options)
+            except Exception:  # a value that does not copy: the containers at least
+                deferred = dict(options) if isinstance(options, Mapping) else options
             self._defer("reset", late, partial(self._reset_submit, seed, deferred))
             take_reset_mask(options)
 

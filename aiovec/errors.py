@@ -88,11 +88,14 @@ class EnvError(AiovecError):
         if error_class is cls:
             return cls(*arguments)
         try:
-            return error_class(*arguments)
+            error = error_class(*arguments)
+            if isinstance(error, cls):  # a __new__ of the env's class may return another
+                return error
         except Exception:  # a class whose __new__ insists on its own arguments (an
-            # ExceptionGroup's): a plain EnvError, from now on, rather than no error at all
-            _ENV_ERROR_CLASSES[(exc_module, exc_type)] = cls
-            return cls(*arguments)
+            pass  # ExceptionGroup's)
+        # A plain EnvError, from now on, rather than no error at all.
+        _ENV_ERROR_CLASSES[(exc_module, exc_type)] = cls
+        return cls(*arguments)
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep pickling (e.g. through Ray) lossless
         return (
@@ -134,8 +137,8 @@ def _env_error_class(base: type[EnvError], module: str | None, qualname: str) ->
     ):
         try:
             error_class = type(f"EnvError[{qualname}]", (base, found), {"__module__": __name__})
-        except TypeError:  # an exception class that cannot be combined (layout): plain
-            error_class = base
+        except Exception:  # a class that cannot be combined (its layout, a metaclass or
+            error_class = base  # an __init_subclass__ that refuses): plain
     _ENV_ERROR_CLASSES[key] = error_class
     return error_class
 

@@ -127,6 +127,21 @@ class _PickyError(Exception):
         return super().__new__(cls, code, detail)
 
 
+class _UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ exploded")
+
+
+class _Sealed(Exception):
+    def __init_subclass__(cls, **kwargs):
+        raise RuntimeError("no subclasses")
+
+
+class _NewReturnsAnother(Exception):
+    def __new__(cls, *args):
+        return ValueError("another object")
+
+
 class _UnusualErrorEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
     fault = None  # set by the test: which exception the next step raises
 
@@ -137,6 +152,14 @@ class _UnusualErrorEnv(__import__("tests.envs", fromlist=["CounterEnv"]).Counter
             raise _PickyError(7, "no")
         if self.fault == "stop":
             raise StopIteration("the replay ran out")
+        if self.fault == "unprintable":
+            raise _UnprintableError()
+        if self.fault == "sealed":
+            raise _Sealed("sealed")
+        if self.fault == "new-returns-another":
+            raise Exception.__new__(_NewReturnsAnother)  # made without its own __new__
+        if self.fault == "task-group":  # what asyncio.TaskGroup raises for a Ctrl-C inside
+            raise builtins.BaseExceptionGroup("tasks failed", [KeyboardInterrupt()])
         return super().step(action)
 
 
@@ -148,6 +171,10 @@ class _UnusualErrorEnv(__import__("tests.envs", fromlist=["CounterEnv"]).Counter
         # An EnvError alone: Python turns a StopIteration raised in a coroutine into
         # a RuntimeError (a documented difference).
         ("stop", "StopIteration", Exception),
+        ("unprintable", "_UnprintableError", _UnprintableError),
+        ("sealed", "_Sealed", Exception),  # a class that refuses subclasses: EnvError alone
+        ("new-returns-another", "_NewReturnsAnother", Exception),
+        ("task-group", "BaseExceptionGroup", Exception),
     ],
 )
 def test_any_exception_an_env_raises_is_its_envs_error_and_the_envs_go_on(
@@ -157,8 +184,10 @@ def test_any_exception_an_env_raises_is_its_envs_error_and_the_envs_go_on(
     # aiovec's generators), the error names the env, and the vector env goes on.
     import aiovec
 
-    if fault == "group" and not hasattr(builtins, "ExceptionGroup"):
+    if fault in ("group", "task-group") and not hasattr(builtins, "ExceptionGroup"):
         pytest.skip("ExceptionGroup is Python 3.11's")
+    if fault == "task-group" and backend != "process":
+        pytest.skip("in the agent's process a KeyboardInterrupt is the user's Ctrl-C")
 
     with aiovec.VecEnv([_UnusualErrorEnv, _UnusualErrorEnv], backend=backend) as venv:
         venv.reset()

@@ -364,6 +364,9 @@ U8 = spaces.Box(0, 255, (2,), np.uint8)
         (U8, np.array([3.0, 250.0], np.float32), [3, 250]),
         (U8, [300 - 45, 0], [255, 0]),  # Python ints within range
         (spaces.Dict(a=spaces.Discrete(2)), {"a": 1, "extra": "ignored"}, {"a": 1}),
+        (spaces.Box(0, 1, (1,), np.float32), 0.1, [np.float32(0.1)]),  # rounded, as floats are
+        (spaces.Box(0, 1, (2, 2), np.float32), [0.1, 0.2, 0.3, 0.4], None),
+        (spaces.Box(0, 1, (1,), np.float64), float("nan"), None),
     ],
 )
 def test_an_observation_that_converts_without_changing_a_number_is_taken(
@@ -376,6 +379,9 @@ def test_an_observation_that_converts_without_changing_a_number_is_taken(
         observations, *_ = venv.step(np.zeros(1, dtype=np.int64))
         if isinstance(expected, dict):
             assert {key: observations[key][0].tolist() for key in expected} == expected
+        elif expected is None:  # as numpy converts it
+            given = np.asarray(value, dtype=space.dtype).reshape(space.shape)
+            np.testing.assert_array_equal(observations[0], given)
         else:
             assert observations[0].tolist() == expected
 
@@ -383,19 +389,39 @@ def test_an_observation_that_converts_without_changing_a_number_is_taken(
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ([300, -1], "uint8 cannot hold exactly"),  # would wrap to [44, 255]
-        (np.array([3.7, 1.0]), "uint8 cannot hold exactly"),  # would truncate to 3
-        (np.array([np.nan, 1.0]), "uint8 cannot hold exactly"),
+        ([300, -1], "uint8 cannot hold"),  # would wrap to [44, 255]
+        (np.array([3.7, 1.0]), "uint8 cannot hold"),  # would truncate to 3
+        (np.array([np.nan, 1.0]), "uint8 cannot hold"),
         (np.array([1, 2, 3]), r"shape \(2,\)"),
+        (np.array([300, 1]), "uint8 cannot hold"),  # the shape matches: no shortcut
+        (np.array([300, 1], np.uint16), "uint8 cannot hold"),
+        (np.array([1e5, 1.0]), "float16 cannot hold"),  # would overflow to inf
     ],
 )
 def test_an_observation_that_would_change_in_conversion_is_refused(backend, value, message):
-    with aiovec.VecEnv([partial(_ObservationAsGiven, U8)] * 2, backend=backend) as venv:
+    space = spaces.Box(0, 9, (2,), np.float16) if "float16" in message else U8
+    with aiovec.VecEnv([partial(_ObservationAsGiven, space)] * 2, backend=backend) as venv:
         venv.reset()
-        venv.set_attr("value", [value, np.array([1, 2], np.uint8)])
+        venv.set_attr("value", [value, np.array([1, 2], space.dtype)])
         with pytest.raises(aiovec.EnvError, match=message) as caught:
             venv.step(np.zeros(2, dtype=np.int64))
         assert caught.value.env_index == 0
-        venv.set_attr("value", [np.array([5, 6], np.uint8)] * 2)
+        venv.set_attr("value", [np.array([5, 6], space.dtype)] * 2)
         observations, *_ = venv.step(np.zeros(2, dtype=np.int64))
         assert observations.tolist() == [[5, 6], [5, 6]]
+
+
+def test_a_refused_dict_observation_leaves_every_part_of_its_row_as_it_was(backend):
+    space = spaces.Dict(a=spaces.Box(0, 9, (2,), np.float32), b=U8)
+    with aiovec.VecEnv(
+        [partial(_ObservationAsGiven, space)] * 2,
+        backend=backend,
+        autoreset_mode=gym.vector.AutoresetMode.DISABLED,
+    ) as venv:
+        before, _ = venv.reset(seed=0)
+        venv.set_attr("value", [{"a": np.array([7, 7], np.float32), "b": [300, 1]}, None])
+        with pytest.raises(aiovec.EnvError, match="uint8 cannot hold"):
+            venv.step(np.zeros(2, dtype=np.int64))
+        after, _ = venv.reset(options={"reset_mask": np.array([False, True])})
+        assert after["a"][0].tolist() == before["a"][0].tolist()  # "a" was not written
+        assert after["b"][0].tolist() == before["b"][0].tolist()

@@ -116,7 +116,7 @@ class ErrorInfo(msgspec.Struct, array_like=True):
         :class:`aiovec.StepTimeoutError` for a cancelled late command."""
         if self.timeout is not None:
             return StepTimeoutError(None, [self.env_id], [self.env_id], self.timeout)
-        return EnvError.create(
+        arguments = (
             self.env_id,
             self.operation,
             self.exc_type,
@@ -124,6 +124,10 @@ class ErrorInfo(msgspec.Struct, array_like=True):
             self.traceback,
             self.exc_module,
         )
+        try:
+            return EnvError.create(*arguments)
+        except Exception:  # whatever the env's class does, its error reaches the caller
+            return EnvError(*arguments)
 
 
 class Reply(msgspec.Struct, array_like=True, tag=True):

@@ -164,46 +164,70 @@ def observation_spaces(
 # --- writing one env's value into its row ---------------------------------------------
 
 
-@singledispatch
 def row_writer(space: spaces.Space[Any], buffer: Any) -> Callable[[int, Any], None]:
     """A function ``write(index, value)`` storing one sample of ``space`` in row ``index``.
 
-    ``write`` takes a value of the space's shape and a dtype that converts to it within
-    kind, and any other value that converts without changing a number: the same count
-    of numbers in another shape (a scalar for a one-element Box), whole floats for an
-    integer space, integers in the dtype's range; for a Dict, keys beyond the space's
-    are left out (as Gymnasium's shared memory does). Anything else raises ValueError,
-    leaving the buffer as it was: never a value changed in silence (300 wrapped to 44).
-    Built once per space so the per-step cost is a few comparisons and one copy.
+    ``write`` takes a value of the space's shape and dtype (or a dtype that holds every
+    value of the given one), and any other value that converts without changing a
+    number: the same count of numbers in another shape (a scalar for a one-element Box),
+    whole floats for an integer space, integers in the dtype's range, floats rounded to
+    the nearest the space's float dtype holds (never to an infinity); for a Dict, keys
+    beyond the space's are left out (as Gymnasium's shared memory does). Anything else
+    raises ValueError, leaving every part of the row as it was: never a value changed
+    in silence (300 wrapped to 44). Built once per space so the per-step cost is a few
+    comparisons and one copy.
     """
+    convert = _row_converter(space)
+
+    def write(index: int, value: Any) -> None:
+        _put(buffer, index, convert(value))  # every part converted before any is written
+
+    return write
+
+
+def _put(buffer: Any, index: int, converted: Any) -> None:
+    if isinstance(buffer, np.ndarray):
+        buffer[index] = converted
+    elif isinstance(buffer, dict):
+        for key, sub in buffer.items():
+            _put(sub, index, converted[key])
+    else:
+        for sub, item in zip(buffer, converted):
+            _put(sub, index, item)
+
+
+@singledispatch
+def _row_converter(space: spaces.Space[Any]) -> Callable[[Any], Any]:
+    """``convert(value)``: one sample of ``space`` ready for its row (see
+    :func:`row_writer`), or ValueError."""
     raise TypeError(f"{type(space).__name__} is not a shareable space")
 
 
-@row_writer.register(spaces.Box)
-@row_writer.register(spaces.Discrete)
-@row_writer.register(spaces.MultiDiscrete)
-@row_writer.register(spaces.MultiBinary)
-def _array_row_writer(space: spaces.Space[Any], buffer: np.ndarray) -> Callable[[int, Any], None]:
+@_row_converter.register(spaces.Box)
+@_row_converter.register(spaces.Discrete)
+@_row_converter.register(spaces.MultiDiscrete)
+@_row_converter.register(spaces.MultiBinary)
+def _array_row_converter(space: spaces.Space[Any]) -> Callable[[Any], Any]:
     # Array spaces always have a shape and a dtype (Space types both as optional).
     shape = cast("tuple[int, ...]", space.shape)
     dtype = cast("np.dtype[Any]", space.dtype)
 
-    def write(index: int, value: Any) -> None:
+    def convert(value: Any) -> np.ndarray:
         array = value if type(value) is np.ndarray else np.asarray(value)
         if array.shape == shape and (
-            array.dtype == dtype or np.can_cast(array.dtype, dtype, "same_kind")
+            array.dtype == dtype or np.can_cast(array.dtype, dtype, "safe")
         ):
-            buffer[index] = array
-            return
-        buffer[index] = _converted_exactly(array, value, shape, dtype, space)
+            return array
+        return _converted_exactly(array, value, shape, dtype, space)
 
-    return write
+    return convert
 
 
 def _converted_exactly(
     array: np.ndarray, value: Any, shape: tuple[int, ...], dtype: np.dtype[Any], space: Any
 ) -> np.ndarray:
-    """``array`` in ``shape`` and ``dtype`` if that changes no number, else ValueError."""
+    """``array`` in ``shape`` and ``dtype`` if that changes no number (floats may round
+    to the nearest ``dtype`` holds, as they do in Gymnasium), else ValueError."""
     if array.size != math.prod(shape):
         raise ValueError(
             f"expected shape {shape} for {space}, got shape {array.shape} (value {_preview(value)})"
@@ -212,42 +236,42 @@ def _converted_exactly(
         raise ValueError(f"expected dtype {dtype} for {space}, got dtype {array.dtype}")
     with np.errstate(invalid="ignore", over="ignore"):
         converted = array.astype(dtype).reshape(shape)
-        exact = bool(np.array_equal(converted.ravel(), array.ravel()))
+        flat, original = converted.ravel(), array.ravel()
+        if dtype.kind == "f":  # rounding is what floats do; an infinity is another number
+            exact = bool(np.array_equal(np.isinf(flat), np.isinf(original)))
+        else:
+            exact = bool(np.array_equal(flat, original))
     if not exact:
         raise ValueError(
             f"expected dtype {dtype} for {space}, got dtype {array.dtype} with values that "
-            f"{dtype} cannot hold exactly (value {_preview(value)})"
+            f"{dtype} cannot hold (value {_preview(value)})"
         )
     return converted
 
 
-@row_writer.register(spaces.Dict)
-def _dict_row_writer(space: spaces.Dict, buffer: dict[str, Any]) -> Callable[[int, Any], None]:
-    writers = {key: row_writer(sub, buffer[key]) for key, sub in space.spaces.items()}
+@_row_converter.register(spaces.Dict)
+def _dict_row_converter(space: spaces.Dict) -> Callable[[Any], Any]:
+    converters = {key: _row_converter(sub) for key, sub in space.spaces.items()}
 
-    def write(index: int, value: Any) -> None:
-        if not isinstance(value, dict) or not writers.keys() <= value.keys():
-            keys = sorted(value) if isinstance(value, dict) else type(value).__name__
-            raise ValueError(f"expected a dict with keys {sorted(writers)}, got {keys}")
-        for key, write_item in writers.items():
-            write_item(index, value[key])
+    def convert(value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict) or not converters.keys() <= value.keys():
+            keys = sorted(map(str, value)) if isinstance(value, dict) else type(value).__name__
+            raise ValueError(f"expected a dict with keys {sorted(converters)}, got {keys}")
+        return {key: convert_item(value[key]) for key, convert_item in converters.items()}
 
-    return write
+    return convert
 
 
-@row_writer.register(spaces.Tuple)
-def _tuple_row_writer(
-    space: spaces.Tuple[Any], buffer: tuple[Any, ...]
-) -> Callable[[int, Any], None]:
-    writers = [row_writer(sub, subbuffer) for sub, subbuffer in zip(space.spaces, buffer)]
+@_row_converter.register(spaces.Tuple)
+def _tuple_row_converter(space: spaces.Tuple[Any]) -> Callable[[Any], Any]:
+    converters = [_row_converter(sub) for sub in space.spaces]
 
-    def write(index: int, value: Any) -> None:
-        if not isinstance(value, (tuple, list)) or len(value) != len(writers):
-            raise ValueError(f"expected a tuple of {len(writers)} items, got {_preview(value)}")
-        for write_item, item in zip(writers, value):
-            write_item(index, item)
+    def convert(value: Any) -> tuple[Any, ...]:
+        if not isinstance(value, (tuple, list)) or len(value) != len(converters):
+            raise ValueError(f"expected a tuple of {len(converters)} items, got {_preview(value)}")
+        return tuple(convert_item(item) for convert_item, item in zip(converters, value))
 
-    return write
+    return convert
 
 
 def _preview(value: Any) -> str:

@@ -9,6 +9,7 @@ normally.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import inspect
 import os
 import threading
@@ -56,21 +57,37 @@ def catch_env_exits() -> None:
     its other envs must live on. In the agent's process a KeyboardInterrupt is the
     user's Ctrl-C, which must reach them."""
     global _env_errors
-    _env_errors = (Exception, KeyboardInterrupt, SystemExit)
+    # A BaseExceptionGroup too: asyncio.TaskGroup wraps a KeyboardInterrupt in one.
+    groups = getattr(builtins, "BaseExceptionGroup", None)
+    _env_errors = (Exception, KeyboardInterrupt, SystemExit, *([groups] if groups else []))
 
 
 def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
     """Capture ``exc`` (raised by env ``env_id``) with its formatted traceback."""
     exc = _as_raised(exc)
+    module = type(exc).__module__
     return ErrorInfo(
         env_id=env_id,
         operation=operation,
-        exc_type=type(exc).__qualname__,
-        message=_sendable(str(exc)),
-        traceback=_sendable("".join(traceback.format_exception(exc))),
+        exc_type=str(type(exc).__qualname__),
+        message=_sendable(_describe(exc, str)),
+        traceback=_sendable(_describe(exc, lambda e: "".join(traceback.format_exception(e)))),
         timeout=exc.timeout if isinstance(exc, StepTimeoutError) else None,
-        exc_module=type(exc).__module__,
+        exc_module=module if isinstance(module, str) else None,
     )
+
+
+def _describe(exc: BaseException, text: Callable[[BaseException], str]) -> str:
+    """``text(exc)``, or what can be said of ``exc`` when its own ``__str__`` fails (an
+    env's error must be reported whatever its class does)."""
+    try:
+        described = text(exc)
+        if isinstance(described, str):
+            return described
+        failure = f"__str__ returned {type(described).__name__}"
+    except Exception as inner:
+        failure = f"{type(inner).__name__} in its __str__"
+    return f"<{type(exc).__qualname__} that cannot be printed: {failure}>"
 
 
 _AIOVEC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
