@@ -178,6 +178,12 @@ def row_writer(space: spaces.Space[Any], buffer: Any) -> Callable[[int, Any], No
     comparisons and one copy.
     """
     convert = _row_converter(space)
+    if isinstance(buffer, np.ndarray):  # one array (the usual case): no walk of parts
+
+        def write_array(index: int, value: Any) -> None:
+            buffer[index] = convert(value)
+
+        return write_array
 
     def write(index: int, value: Any) -> None:
         _put(buffer, index, convert(value))  # every part converted before any is written
