@@ -698,3 +698,50 @@ def test_actions_a_block_cannot_take_fail_that_step_and_never_restart_it(monkeyp
         assert not truncations.any() and "restarted" not in infos
         assert venv.stats().env_restarts == 0
         assert [len(received) for received in venv.get_attr("received")[::2]] == [2, 2]
+
+
+class _BlockReturning(gym.vector.VectorEnv):
+    """A batched env of 2 whose steps return ``observations`` (set by the test)."""
+
+    def __init__(self, space):
+        self.num_envs = 2
+        self.single_observation_space = space
+        self.observation_space = gym.vector.utils.batch_space(space, 2)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, 2)
+        self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+        self.observations = None
+
+    def reset(self, *, seed=None, options=None):
+        return gym.vector.utils.create_empty_array(self.single_observation_space, 2), {}
+
+    def step(self, actions):
+        zeros = np.zeros(2)
+        return self.observations, zeros, zeros.astype(bool), zeros.astype(bool), {}
+
+
+_I8 = gym.spaces.Box(-128, 127, (1,), np.int8)
+
+
+@pytest.mark.parametrize(
+    ("space", "given", "taken"),
+    [
+        (_I8, np.array([[3.0], [1.0]]), [[3], [1]]),  # whole floats, as for single envs
+        (gym.spaces.Dict(a=_I8), {"a": np.array([[1], [2]]), "extra": 0}, [[1], [2]]),
+        (_I8, np.array([[300], [1]]), None),  # would wrap to 44: refused
+        (_I8, np.array([[0.5], [1.0]]), None),
+    ],
+)
+def test_a_block_takes_the_observations_a_single_env_would(space, given, taken):
+    with aiovec.VecEnv(
+        [partial(_BlockReturning, space)], envs_per_block=2, backend="inline"
+    ) as venv:
+        venv.reset(seed=0)
+        venv.set_attr("observations", given)
+        if taken is None:
+            with pytest.raises(aiovec.EnvError, match="cannot hold"):
+                venv.step(np.array([0, 0]))
+            return
+        observations, *_ = venv.step(np.array([0, 0]))
+        observations = observations["a"] if isinstance(observations, dict) else observations
+        assert observations.tolist() == taken

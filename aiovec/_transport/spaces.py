@@ -224,12 +224,12 @@ def _array_row_converter(space: spaces.Space[Any]) -> Callable[[Any], Any]:
             array.dtype == dtype or np.can_cast(array.dtype, dtype, "safe")
         ):
             return array
-        return _converted_exactly(array, value, shape, dtype, space)
+        return converted_exactly(array, value, shape, dtype, space)
 
     return convert
 
 
-def _converted_exactly(
+def converted_exactly(
     array: np.ndarray, value: Any, shape: tuple[int, ...], dtype: np.dtype[Any], space: Any
 ) -> np.ndarray:
     """``array`` in ``shape`` and ``dtype`` if that changes no number (floats may round

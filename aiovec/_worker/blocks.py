@@ -31,7 +31,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from aiovec._transport.buffers import Buffers
 from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Reset, SetAttr, Step
-from aiovec._transport.spaces import batch_values, copy_buffer, split_batch, write_rows
+from aiovec._transport.spaces import (
+    batch_values,
+    converted_exactly,
+    copy_buffer,
+    split_batch,
+    write_rows,
+)
 from aiovec._worker.host import (
     EnvBuildError,
     EnvDescription,
@@ -667,10 +673,12 @@ def _synchronous(result: Any, method: str) -> Any:
 
 
 def _check_batch(buffer: Any, batch: Any, size: int) -> None:
-    """Raise ValueError unless ``batch`` has ``size`` rows of ``buffer``'s row shape and a
-    dtype that converts to its dtype within kind (numpy would broadcast the rest)."""
+    """Raise ValueError unless ``batch`` has ``size`` rows of ``buffer``'s row shape and
+    values its dtype holds as a single env's must (see
+    :func:`~aiovec._transport.spaces.row_writer`; numpy would broadcast or wrap the
+    rest); a dict's keys beyond the buffer's are left out."""
     if isinstance(buffer, dict):
-        if not isinstance(batch, dict) or set(batch) != set(buffer):
+        if not isinstance(batch, dict) or not set(buffer) <= set(batch):
             raise ValueError(f"expected a dict with keys {sorted(buffer)}, got {_kind(batch)}")
         for key, sub in buffer.items():
             _check_batch(sub, batch[key], size)
@@ -685,8 +693,8 @@ def _check_batch(buffer: Any, batch: Any, size: int) -> None:
     expected = (size, *buffer.shape[1:])
     if array.shape != expected:
         raise ValueError(f"expected shape {expected}, got shape {array.shape}")
-    if array.dtype != buffer.dtype and not np.can_cast(array.dtype, buffer.dtype, "same_kind"):
-        raise ValueError(f"expected dtype {buffer.dtype}, got dtype {array.dtype}")
+    if array.dtype != buffer.dtype and not np.can_cast(array.dtype, buffer.dtype, "safe"):
+        converted_exactly(array, batch, expected, buffer.dtype, f"a batch of {expected}")
 
 
 def _kind(value: Any) -> str:
