@@ -117,9 +117,9 @@ class Results:
         )
         return Batch(
             observations,
-            buffers.rewards[rows],
-            buffers.terminations[rows],
-            buffers.truncations[rows],
+            buffers.rewards.take(rows),  # take: about twice as fast as indexing
+            buffers.terminations.take(rows),
+            buffers.truncations.take(rows),
             self._collect_infos(env_ids),
             rows,
         )

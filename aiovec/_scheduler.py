@@ -27,7 +27,7 @@ import numpy as np
 
 from aiovec._checks import check_seconds
 from aiovec._stats import StatsRecorder
-from aiovec._transport.protocol import EnvCommand, Reply
+from aiovec._transport.protocol import EnvCommand, Reply, Step
 from aiovec.backends._base import Backend, WorkerEvent, WorkerExit, WorkerGone
 from aiovec.errors import (
     ClosedError,
@@ -104,6 +104,7 @@ class Scheduler:
         self.worker_of = np.empty(num_envs, dtype=np.intp)
         for worker, group in enumerate(backend.groups):
             self.worker_of[group] = worker
+        self._worker_list: list[int] = self.worker_of.tolist()  # single items, cheaply
         groups = backend.groups
         # One group of every env (inline, coroutine): the very list its host holds, so a
         # step of all envs is recognised by identity there.
@@ -208,6 +209,28 @@ class Scheduler:
             self._wake_parked()
         return tickets
 
+    def submit_step(self, env_id: int, actions: list[Any] | None) -> None:
+        """:meth:`submit` of a first-ready step of one env (the hot loop); ``actions``:
+        the env's action by value (a list of one), or ``None`` (in shared memory)."""
+        worker = self._worker_list[env_id]
+        group = [env_id]
+        command = Step(next(self._sequence), group, actions, True)
+        backend = self.backend
+        try:
+            payload = backend.prepare(worker, command)
+        except WorkerGone:  # see submit
+            self.dispatch(backend.poll())
+            self.check_alive(group)
+            payload = backend.prepare(worker, command)
+        self.stats.commands += 1
+        backend.submit(worker, payload)
+        self._tickets[command.seq] = Ticket(worker, group, group, True, command, time.monotonic())
+        self.state[env_id] = BUSY
+        self.num_busy += 1
+        self.num_stepping += 1
+        if self._parked:
+            self._wake_parked()
+
     def _prepare(
         self, env_ids: Sequence[int], make_command: Callable[[int, list[int]], EnvCommand]
     ) -> list[tuple[int, list[int], Any, EnvCommand, Any]]:
@@ -239,11 +262,16 @@ class Scheduler:
         self._waiting += 1
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
+            ready = condition()
             if not self.blocking:
                 self._check_thread()
-                await asyncio.sleep(0)  # never starve the loop's other tasks
-                self.stats.record_lag(time.perf_counter() - started)
-            if not condition():
+                # Never starve the loop's other tasks: a turn for them first, unless the
+                # wait below gives them one anyway.
+                if ready or not self.backend.wait_suspends:
+                    await asyncio.sleep(0)
+                    self.stats.record_lag(time.perf_counter() - started)
+                    ready = condition()
+            if not ready:
                 await self._wait_for(condition, timeout, deadline)
         finally:
             self._waiting -= 1
@@ -253,9 +281,9 @@ class Scheduler:
     async def _wait_for(
         self, condition: Callable[[], bool], timeout: float | None, deadline: float | None
     ) -> None:
-        """The rest of :meth:`wait_until`, once the loop's other tasks had their turn:
-        a coroutine of its own only when ``condition`` does not hold yet."""
-        while not condition():
+        """The rest of :meth:`wait_until`, once ``condition`` was found not to hold: a
+        coroutine of its own only then."""
+        while True:
             if self.closed:
                 raise ClosedError(reason="the vector env was closed while this call waited")
             now = time.monotonic()
@@ -287,11 +315,16 @@ class Scheduler:
                     self._pumping = False
                     if self._parked:  # one of them becomes the pump if it still waits
                         self._wake_parked()
+                lag = self.backend.take_loop_lag()
+                if lag is not None:
+                    self.stats.record_lag(lag)
                 if messages:
                     self.dispatch(messages, pump=True)
                 elif self.backend.completes_inline:
                     # Nothing can arrive by itself: wait for another task to act.
                     await self._park(remaining)
+            if condition():
+                return
 
     async def _park(self, timeout: float | None) -> None:
         """Sleep until the state changes (or ``timeout``)."""
@@ -425,12 +458,17 @@ class Scheduler:
             self.backend.interrupt()  # the pump's own condition may hold now
 
     def _apply(self, messages: list[WorkerEvent]) -> None:
+        tickets = self._tickets
         for worker, message in messages:
             if isinstance(message, WorkerExit):
                 self._worker_exited(worker, message)
                 continue
-            ticket = self._tickets.get(message.seq)
+            ticket = tickets.get(message.seq)
             if ticket is None:  # a late reply to a request given up on
+                continue
+            if ticket.rows is ticket.env_ids and len(ticket.env_ids) == 1 and ticket.is_step:
+                del tickets[message.seq]  # a step of one env (first-ready): all of it
+                self._one_step_result(worker, ticket, message)
                 continue
             if not message.env_ids:  # sent compact: the command's whole group
                 message.env_ids = ticket.env_ids
@@ -446,6 +484,35 @@ class Scheduler:
                 continue
             del self._tickets[message.seq]
             self._finish(ticket, message, None)
+
+    def _one_step_result(self, worker: int, ticket: Ticket, reply: Reply) -> None:
+        """:meth:`_finish` of a step of one env (first-ready one env at a time, the hot
+        loop), which ``reply`` answers whole: the same effects, in fewer steps."""
+        env_ids = ticket.env_ids
+        (env_id,) = reply.env_ids = env_ids
+        ticket.done, ticket.reply = True, reply
+        stats = self.stats
+        stats.env_time += reply.busy
+        if worker in self._local_workers:
+            stats.local_env_time += reply.busy
+        if reply.progressed:
+            self._crashes_in_a_row[worker] = 0
+        if reply.observations is not None or reply.errors:
+            ticket.errors.update(self._read_reply(reply))
+        infos = reply.infos
+        if infos is not None and infos[0]:
+            self.infos[env_id] = infos[0]
+        elif self.infos:  # drop what an earlier, discarded result left
+            self.infos.pop(env_id, None)
+        error = ticket.errors.get(env_id) if ticket.errors else None
+        if error is not None:
+            self.errors[env_id] = error
+        self.num_busy -= 1
+        self.num_stepping -= 1
+        stats.env_steps += 1
+        stats.record_latency(time.monotonic() - ticket.sent_at, 1)
+        self.state[env_id] = READY
+        self.ready_queue.append(env_id)
 
     def _worker_exited(self, worker: int, exit: WorkerExit) -> None:
         group = self.backend.groups[worker]
@@ -586,11 +653,13 @@ class Scheduler:
         """Up to ``limit`` env ids from the ready-queue, oldest first, marked IDLE."""
         queue = self.ready_queue
         self.stats.record_queue_depth(len(queue))
+        if queue and (limit == 1 or len(queue) == 1):  # first-ready one env at a time
+            env_id = queue.popleft()
+            self.state[env_id] = IDLE
+            return [env_id]
         if limit >= len(queue):
             env_ids = list(queue)
             queue.clear()
-        elif limit == 1:  # first-ready one env at a time
-            env_ids = [queue.popleft()]
         else:
             env_ids = [queue.popleft() for _ in range(limit)]
         # Every env (a lockstep step): one slice, not one write per env.

@@ -486,7 +486,42 @@ class VecEnv(SplitCalls, VectorEnv):
             aiovec.ClosedError: the vector env is closed.
         """
         self._refuse_while_pending("send")  # a pending call's results are its *_wait's
-        self._send(actions, env_ids, stream=True)
+        if env_ids is None or not self._send_one(actions, env_ids):
+            self._send(actions, env_ids, stream=True)
+
+    def _send_one(self, actions: Any, env_ids: Any) -> bool:
+        """:meth:`send` to one env whose every check passes at a glance (first-ready one
+        env at a time, the hot loop): sent, and ``True``. ``False`` (nothing done) for
+        anything else, which the general path checks, refuses or sends."""
+        if type(env_ids) is np.ndarray:
+            if env_ids.shape != (1,) or env_ids.dtype.kind not in "iu":
+                return False
+            env_id = int(env_ids[0])
+        elif (type(env_ids) is list or type(env_ids) is tuple) and len(env_ids) == 1:
+            env_id = env_ids[0]
+            if type(env_id) is not int:
+                return False
+        else:
+            return False
+        scheduler = self._scheduler
+        if (
+            not 0 <= env_id < self.num_envs
+            or scheduler.state[env_id] != IDLE
+            or self._resetting
+            or scheduler.dead_workers
+            or self.envs_per_block is not None
+            or self._needs_reset[env_id]
+            or self.closed
+            or (self._owner_pid != _this_pid and self.num_workers)
+        ):
+            return False
+        batch, exact = self._check_actions(actions, 1)  # raises as the general path would
+        if exact:
+            write_rows(self._buffers.actions, slice(env_id, env_id + 1), batch)
+            scheduler.submit_step(env_id, None)
+        else:  # by value, as the caller passed it (see _step_commands)
+            scheduler.submit_step(env_id, split_batch(self.action_space, batch))
+        return True
 
     def _send(self, actions: Any, env_ids: Any, stream: bool) -> list[Ticket]:
         env_ids, make_step = self._step_commands(actions, env_ids, stream)

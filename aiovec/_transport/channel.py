@@ -76,6 +76,10 @@ class Channel:
         Raises:
             OSError: the other end is gone.
         """
+        if len(frames) == 1:
+            (frame,) = frames
+            self.sock.sendall(HEADER.pack(len(frame)) + frame)
+            return
         pieces = [piece for frame in frames for piece in (HEADER.pack(len(frame)), frame)]
         self.sock.sendall(b"".join(pieces))
 
@@ -131,9 +135,10 @@ class Channel:
             EOFError: the other end closed before a whole frame arrived.
         """
         while True:
-            frame = self._next_frame()
-            if frame is not None:
-                return frame
+            if self._pending:
+                frame = self._next_frame()
+                if frame is not None:
+                    return frame
             seconds = spin.begin() if spin is not None else 0.0
             chunk = self._poll(seconds) if seconds else None
             if chunk is None:
@@ -143,6 +148,10 @@ class Channel:
             if not chunk:
                 self.eof = True
                 raise EOFError("the other end of the channel closed")
+            if not self._pending and len(chunk) >= HEADER.size:  # one whole frame: the usual
+                (size,) = HEADER.unpack_from(chunk)
+                if len(chunk) == HEADER.size + size:
+                    return chunk[HEADER.size :]
             self._pending += chunk
 
     def _poll(self, seconds: float) -> bytes | None:
@@ -158,9 +167,17 @@ class Channel:
     def receive_ready(self) -> list[bytes]:
         """Every complete frame that has arrived, without blocking (sets :attr:`eof`)."""
         self._read_available()
-        frames = []
-        while (frame := self._next_frame()) is not None:
-            frames.append(frame)
+        pending = self._pending
+        available, start, frames = len(pending), 0, []
+        while available - start >= HEADER.size:  # each frame cut out once, then one del
+            (size,) = HEADER.unpack_from(pending, start)
+            end = start + HEADER.size + size
+            if end > available:
+                break
+            frames.append(bytes(pending[start + HEADER.size : end]))
+            start = end
+        if start:
+            del pending[:start]
         return frames
 
     def _read_available(self) -> None:

@@ -489,6 +489,18 @@ class EnvHost(HostState):
 
     def step_reply(self, seq: int, outcomes: list[StepOutcome]) -> Reply:
         """The reply to step ``seq`` for the envs of ``outcomes``, in their order."""
+        if len(outcomes) == 1:  # one env's step (first-ready): the same reply, sooner
+            (outcome,) = outcomes
+            env_ids = [outcome.env_id]
+            return Reply(
+                seq=seq,
+                env_ids=env_ids,
+                infos=[outcome.info] if outcome.info else None,
+                observations=self.observations_of(env_ids),
+                errors=None if outcome.error is None else [outcome.error],
+                progressed=outcome.progressed,
+                busy=self.take_busy(),
+            )
         env_ids = [outcome.env_id for outcome in outcomes]
         infos = [outcome.info for outcome in outcomes]
         errors = [outcome.error for outcome in outcomes if outcome.error is not None]

@@ -198,6 +198,17 @@ class ThreadedEnvServer:
         steps: deque[Step] = deque()  # read from the line, not yet run
         queued: deque[_Request | None] = deque()  # taken from the queue, not yet run
         while True:
+            if not steps and not queued and requests.empty():  # nothing else to run: the
+                try:  # next frame on the line, a step (the usual) run as soon as read
+                    frame = incoming.receive()
+                except (EOFError, OSError):
+                    yield None
+                    return
+                if frame:
+                    yield cast(Step, expand_command(decode_command(frame), group)), 0
+                    continue
+                with self._token_lock:  # a token: see below
+                    self._tokens_unread.discard(env_id)
             taken = False  # checked with empty(): raising queue.Empty costs more, each step
             while not requests.empty():  # this thread alone takes from it
                 queued.append(requests.get_nowait())
@@ -245,10 +256,25 @@ class ThreadedEnvServer:
         """Queue ``finished`` for sending; send it (and whatever else is queued) unless
         another thread is sending already, which then sends it too."""
         with self._lock:
-            self._outbox.append(finished)
             if self._sending:
+                self._outbox.append(finished)
                 return
             self._sending = True
+            alone = not self._outbox and self.failure is None
+            if not alone:
+                self._outbox.append(finished)
+        if alone:  # the usual: nothing else waits, so nothing to merge
+            reply = self._replies([finished])[0]
+            try:
+                self._send([encode_reply(reply, self.host.group)])
+            except OSError:  # the agent is gone: keep the role (see _send_outbox)
+                with self._lock:
+                    self._outbox.clear()
+                return
+            with self._lock:
+                if not self._outbox:  # nothing posted meanwhile: give up the role
+                    self._sending = False
+                    return
         self._send_outbox()
 
     def _send_outbox(self) -> None:

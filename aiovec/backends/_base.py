@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -69,12 +70,17 @@ class Wakeup:
 
     def __init__(self) -> None:
         self._future: asyncio.Future[None] | None = None
+        self._woken_at = 0.0
+        #: Seconds from the last :meth:`wake` to its waiter running again (the event
+        #: loop's lag), until taken by :meth:`take_lag`.
+        self._lag: float | None = None
 
     async def wait(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
         self._future = loop.create_future()
         timer = None if timeout is None else loop.call_later(timeout, self.wake)
         try:
             await self._future
+            self._lag = time.perf_counter() - self._woken_at
         finally:
             self._future = None
             if timer is not None:
@@ -83,6 +89,12 @@ class Wakeup:
     def wake(self) -> None:
         if self._future is not None and not self._future.done():
             self._future.set_result(None)
+            self._woken_at = time.perf_counter()
+
+    def take_lag(self) -> float | None:
+        """The loop lag of the last wait that was woken, once; ``None`` if none since."""
+        lag, self._lag = self._lag, None
+        return lag
 
 
 class Backend(abc.ABC):
@@ -139,6 +151,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
         """Wait in the running event loop until a message is available; ``[]`` on timeout."""
+
+    #: True when :meth:`wait` always gives the event loop a turn (suspends at least once),
+    #: even with messages already waiting: a task that waits then needs no other turn.
+    wait_suspends: bool = False
+
+    def take_loop_lag(self) -> float | None:
+        """How long the last :meth:`wait` that was woken took to run again after its
+        wake-up (the event loop's lag), once; ``None`` when not measured."""
+        return None
 
     @abc.abstractmethod
     def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:

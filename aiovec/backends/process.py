@@ -555,13 +555,21 @@ class ProcessBackend(Backend):
         messages, self._inbox = self._inbox, []
         return messages
 
+    wait_suspends = True
+
+    def take_loop_lag(self) -> float | None:
+        return self._wakeup.take_lag()
+
     async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._bind(loop)
-        timeout = _sooner(timeout, self._expire_starts())
+        if self._starting:
+            timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
             await self._wakeup.wait(loop, timeout)
+        else:  # a turn for the loop's other tasks all the same (see wait_suspends)
+            await asyncio.sleep(0)
         messages, self._inbox = self._inbox, []
         return messages
 
