@@ -245,6 +245,32 @@ def test_env_restart_in_first_ready_mode(backend):
         assert batch.infos["restarted"][by_env[0]]
 
 
+@pytest.mark.parametrize("concurrent_envs", [False, True], ids=["in-turn", "threads"])
+async def test_an_env_raising_in_first_ready_one_env_at_a_time_is_raised_by_its_recv(
+    backend, concurrent_envs
+):
+    """Sent to one env at a time, an env's error is raised by the recv that takes its
+    result, once, with its traceback; the other env's results and its info still arrive."""
+    options = {"concurrent_envs": concurrent_envs} if backend == "process" else {}
+    env_fns = [partial(FaultyEnv, 0, "raise", at_step=2), partial(CounterEnv, 1)]
+    async with aiovec.VecEnv(env_fns, backend=backend, **options) as venv:
+        await venv.areset()
+        results = {0: [], 1: []}
+        for _ in range(3):
+            for env_id in (0, 1):
+                venv.send(np.array([1]), [env_id])
+                try:
+                    batch = await venv.recv()
+                except aiovec.EnvError as error:
+                    assert (error.env_index, error.exc_type) == (0, "RuntimeError")
+                    assert "in _fail" in error.worker_traceback
+                    results[env_id].append("error")
+                else:
+                    assert batch.env_ids.tolist() == [env_id]
+                    results[env_id].append(batch.infos["action"].tolist())
+    assert results == {0: [[1], "error", [1]], 1: [[1], [1], [1]]}
+
+
 def test_bad_observation_is_an_error_not_a_corruption(backend):
     env_fns = [partial(CounterEnv, 0), partial(BadObservationEnv, 1, at_step=1)]
     with aiovec.VecEnv(env_fns, backend=backend) as venv:

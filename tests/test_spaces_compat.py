@@ -539,3 +539,77 @@ def test_cartpole_frames_like_make_vec():
         for frame, expected_frame in zip(venv.render(), expected.render()):
             np.testing.assert_array_equal(frame, expected_frame)
     expected.close()
+
+
+# --- first-ready sends to one env take a shorter path: the same actions, the same refusals ---
+
+
+_ONE_ENV_CASES = {
+    "discrete-int64": (spaces.Discrete(3), np.array([2, 1])),
+    "discrete-python-ints": (spaces.Discrete(3), [2, 1]),
+    "box-float32": (
+        spaces.Box(-10, 10, (2,), np.float32),
+        np.array([[1.5, 2.5], [3.5, 4.5]], np.float32),
+    ),
+    "box-float64-by-value": (
+        spaces.Box(-10, 10, (2,), np.float32),
+        np.array([[1.25, 2.0], [3.0, 4.0]]),
+    ),
+    "dict": (
+        spaces.Dict({"move": spaces.Discrete(4), "aim": spaces.Box(-1, 1, (2,), np.float32)}),
+        {"move": np.array([3, 0]), "aim": np.array([[0.5, -0.5], [0.25, 0.75]], np.float32)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ONE_ENV_CASES))
+@pytest.mark.parametrize(
+    "as_ids",
+    [lambda i: [i], lambda i: (i,), lambda i: np.array([i], np.int32), lambda i: [np.int64(i)]],
+    ids=["list", "tuple", "int32-array", "numpy-int"],
+)
+async def test_sending_to_one_env_delivers_what_a_step_of_all_delivers(backend, case, as_ids):
+    space, actions = _ONE_ENV_CASES[case]
+    env_fns = [partial(RecordingEnv, space)] * 2
+    async with aiovec.VecEnv(env_fns, backend=backend) as venv:
+        await venv.areset(seed=0)
+        await venv.astep(actions)
+        for env_id in (1, 0):  # each env on its own, with the other one's action
+            venv.send(_rows(actions, 1 - env_id), as_ids(env_id))
+            batch = await venv.recv()
+            assert batch.env_ids.tolist() == [env_id]
+        received = await venv.acall("received")
+    # What one send gave an env is what the step of all gave the env whose row it was.
+    assert [received[0][1], received[1][1]] == [received[1][0], received[0][0]]
+
+
+def _rows(actions, env_id):
+    """Row ``env_id`` of a batch of actions, as a batch of one (the caller's kind kept)."""
+    if isinstance(actions, dict):
+        return {key: _rows(part, env_id) for key, part in actions.items()}
+    return actions[env_id : env_id + 1]
+
+
+async def test_sending_to_one_env_is_refused_as_sending_to_several(backend):
+    env_fns = [partial(RecordingEnv, spaces.Discrete(3))] * 2
+    async with aiovec.VecEnv(env_fns, backend=backend) as venv:
+        await venv.areset(seed=0)
+        refused = [
+            (ValueError, "outside 0..1", np.array([0]), [2]),
+            (ValueError, "outside 0..1", np.array([0]), np.array([-1])),
+            (TypeError, "sequence of ints", np.array([0]), [True]),
+            (TypeError, "sequence of ints", np.array([0]), np.array([0.0])),
+            (ValueError, "outside", np.array([3]), [0]),
+            (ValueError, "expected shape", np.array([[0, 1]]), [0]),
+        ]
+        for error, message, actions, env_ids in refused:
+            with pytest.raises(error, match=message):
+                venv.send(actions, env_ids)
+        venv.send(np.array([1]), [0])
+        with pytest.raises(aiovec.EnvBusyError, match="in flight|not yet taken"):
+            venv.send(np.array([1]), [0])  # its step is in flight (or its result unread)
+        batch = await venv.recv()
+        assert batch.env_ids.tolist() == [0]
+        assert await venv.acall("received") == ([("int64", "int64", 1)], [])  # once only
+    with pytest.raises(aiovec.ClosedError):
+        venv.send(np.array([1]), [0])
