@@ -72,16 +72,19 @@ def test_bench_writes_table_plots_and_json(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the relay forks its workers")
-def test_the_relay_bound_measures_w3_with_no_runtime():
+@pytest.mark.parametrize("codec", [False, True], ids=["bare", "codec"])
+def test_the_relay_bound_measures_w3_with_no_runtime(codec):
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "relay_bound.py"
     result = subprocess.run(
-        [sys.executable, str(script), "--seconds", "0.2", "--repeats", "1"],
+        [sys.executable, str(script), "--seconds", "0.2", "--repeats", "1"]
+        + (["--codec"] if codec else []),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    line = r"relay bound: ([\d,]+) steps/s, ([\d.]+) of ideal \(runs: [\d.]+\)\n"
+    label = "relay bound with codec" if codec else "relay bound"
+    line = label + r": ([\d,]+) steps/s, ([\d.]+) of ideal \(runs: [\d.]+\)\n"
     match = re.fullmatch(line, result.stdout)
     assert match is not None, result.stdout
     assert float(match[1].replace(",", "")) > 0 and result.stderr == ""
