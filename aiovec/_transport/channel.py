@@ -139,11 +139,12 @@ class Channel:
                 frame = self._next_frame()
                 if frame is not None:
                     return frame
-            seconds = spin.begin() if spin is not None else 0.0
-            chunk = self._poll(seconds) if seconds else None
-            if chunk is None:
+            if spin is None:
                 chunk = self.sock.recv(_CHUNK)
-            if spin is not None:
+            else:
+                seconds = spin.begin()
+                polled = self._poll(seconds) if seconds else None
+                chunk = self.sock.recv(_CHUNK) if polled is None else polled
                 spin.end()
             if not chunk:
                 self.eof = True

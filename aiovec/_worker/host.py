@@ -174,6 +174,8 @@ class HostState:
         self._observations: dict[int, Any] | None = (
             None if is_shareable(single_observation_space) else {}
         )
+        #: Whether observations travel in replies (spaces not in shared memory).
+        self.observations_in_replies = self._observations is not None
 
     def add_busy(self, seconds: float) -> None:
         """Count ``seconds`` spent running envs (reported by the next :meth:`take_busy`)."""
@@ -491,12 +493,12 @@ class EnvHost(HostState):
         """The reply to step ``seq`` for the envs of ``outcomes``, in their order."""
         if len(outcomes) == 1:  # one env's step (first-ready): the same reply, sooner
             (outcome,) = outcomes
-            env_ids = [outcome.env_id]
+            observations = self._observations
             return Reply(
                 seq=seq,
-                env_ids=env_ids,
+                env_ids=[outcome.env_id],
                 infos=[outcome.info] if outcome.info else None,
-                observations=self.observations_of(env_ids),
+                observations=None if observations is None else [observations.get(outcome.env_id)],
                 errors=None if outcome.error is None else [outcome.error],
                 progressed=outcome.progressed,
                 busy=self.take_busy(),

@@ -168,6 +168,7 @@ class ThreadedEnvServer:
             if line is None
             else partial(next, self._line_requests(env_id, line, requests))
         )
+        in_replies = host.observations_in_replies
         try:
             while (request := next_request()) is not None and not self._closed:
                 command, position = request
@@ -175,7 +176,7 @@ class ThreadedEnvServer:
                     outcome = host.step(env_id, host.action_of(command, position))
                     # Taken now: by the time the reply is built, a later command of this
                     # env could have replaced it.
-                    observation = host.observations_of([env_id])
+                    observation = host.observations_of([env_id]) if in_replies else None
                     self._post((command.seq, outcome, observation))
                 else:
                     self._part_done(command, position, host.execute(command.subset([position])))
@@ -264,7 +265,11 @@ class ThreadedEnvServer:
             if not alone:
                 self._outbox.append(finished)
         if alone:  # the usual: nothing else waits, so nothing to merge
-            reply = self._replies([finished])[0]
+            if isinstance(finished, Reply):
+                reply = finished
+            else:  # one env's step
+                seq, outcome, observation = finished
+                reply = self._step_reply(seq, [(outcome, observation)])
             try:
                 self._send([encode_reply(reply, self.host.group)])
             except OSError:  # the agent is gone: keep the role (see _send_outbox)
