@@ -266,8 +266,8 @@ class Scheduler:
             if not self.blocking:
                 self._check_thread()
                 # Never starve the loop's other tasks: a turn for them first, unless the
-                # wait below gives them one anyway.
-                if ready or not self.backend.wait_suspends:
+                # wait below gives them one anyway (with a timeout, it may end first).
+                if ready or timeout is not None or not self.backend.wait_suspends:
                     await asyncio.sleep(0)
                     self.stats.record_lag(time.perf_counter() - started)
                     ready = condition()
@@ -291,6 +291,10 @@ class Scheduler:
             if deadline is not None:
                 remaining = deadline - now
                 if remaining <= 0:
+                    # What has arrived meanwhile counts (recv(timeout=0) is a poll).
+                    self.dispatch(self.backend.poll())
+                    if condition():
+                        return
                     raise WaitTimeoutError(f"no result within {timeout} s")
             if self.step_timeout is not None and self._tickets:
                 expires = min(

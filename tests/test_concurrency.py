@@ -127,6 +127,36 @@ async def test_every_await_gives_other_tasks_a_turn(backend):
     assert heartbeat.beats > 10
 
 
+async def test_polling_recv_with_timeout_zero_gives_other_tasks_turns_and_gets_results(
+    backend,
+):
+    """``recv(timeout=0)`` in a loop is a poll: each one gives the loop's other tasks a
+    turn, and the results come."""
+    async with aiovec.VecEnv(counter_envs(2, delay=0.01), backend=backend) as venv:
+        await venv.areset()
+        heartbeat = Heartbeat(0)
+        venv.send([0, 0])
+        taken, polls, deadline = [], 0, time.monotonic() + BOUND
+        while len(taken) < 2 and time.monotonic() < deadline:
+            polls += 1
+            try:
+                taken += (await venv.recv(timeout=0)).env_ids.tolist()
+            except TimeoutError:
+                pass
+        heartbeat.stop()
+    assert sorted(taken) == [0, 1]
+    assert heartbeat.beats >= polls // 2  # a turn for the heartbeat at (nearly) every poll
+
+
+async def test_recv_with_timeout_zero_returns_results_that_have_arrived(backend):
+    async with aiovec.VecEnv(counter_envs(2), backend=backend) as venv:
+        await venv.areset()
+        venv.send([0, 0])
+        time.sleep(0.3)  # blocking: the loop does not run, the replies wait unread
+        batch = await venv.recv(min_envs=2, timeout=0)
+        assert sorted(batch.env_ids.tolist()) == [0, 1]
+
+
 async def test_a_blocking_call_from_another_thread_is_refused_while_tasks_wait():
     async with aiovec.VecEnv(counter_envs(2, delay=0.5), backend="process") as venv:
         await venv.areset()
