@@ -247,8 +247,9 @@ class Scheduler:
 
         With :attr:`blocking` set (the synchronous API), waits block in the kernel and
         the coroutine never suspends; otherwise they await the running event loop, and
-        always give other tasks a turn first. Any number of tasks may wait at once, each
-        for its own condition; ``condition`` may raise to give up.
+        always give other tasks a turn before returning or timing out (a result that is
+        ready, a timeout of 0). Any number of tasks may wait at once, each for its own
+        condition; ``condition`` may raise to give up.
 
         Raises:
             aiovec.WaitTimeoutError: ``timeout`` seconds passed first (nothing is lost).
