@@ -20,7 +20,7 @@ from gymnasium import logger
 from gymnasium.vector import AutoresetMode
 
 from aiovec._infos import add_info, batch_infos
-from aiovec._scheduler import Scheduler, Ticket
+from aiovec._scheduler import Scheduler, Ticket, raise_alone
 from aiovec._transport.buffers import Buffers
 from aiovec._transport.protocol import Reply
 from aiovec._transport.spaces import batch_values, copy_buffer, read_rows
@@ -140,7 +140,10 @@ class Results:
                     self._scheduler.infos.pop(failed_id, None)
                 failed_set = set(failed)
                 self._scheduler.give_back([e for e in env_ids if e not in failed_set])
-                raise error
+                try:
+                    raise_alone(error)
+                finally:
+                    del error  # see raise_alone
 
     # --- lockstep ----------------------------------------------------------------------
 
@@ -162,6 +165,8 @@ class Results:
                 scheduler.errors.clear()
                 self._count_restarts(env_ids, [scheduler.infos.pop(i, None) for i in env_ids])
                 raise
+            finally:
+                del failures  # see raise_alone
         infos = self._collect_infos(env_ids)
         buffers = self._buffers
         return (
@@ -191,7 +196,12 @@ class Results:
             failures.extend(ticket.errors[i] for i in ticket.env_ids if i in ticket.errors)
         if failures:
             log_failures(failures, failures[0])
-            raise failures[0]
+            first = failures[0]
+            del failures  # see raise_alone
+            try:
+                raise_alone(first)
+            finally:
+                del first
         # done without a failure: each has its reply
         return [(ticket, cast(Reply, ticket.reply)) for ticket in tickets]
 

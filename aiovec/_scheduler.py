@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -44,6 +44,19 @@ IDLE, BUSY, READY = 0, 1, 2
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def raise_alone(error: BaseException) -> NoReturn:
+    """Raise ``error`` (one the vector env kept, maybe raised before) with a traceback of
+    this raise only: an error raised again and again (a dead worker's crash, by every
+    call on its envs) would otherwise carry every earlier raise's frames, and whatever
+    they hold, growing each time. No frame here keeps ``error`` (its traceback would
+    make a reference cycle through that frame); the caller must not either (``del`` its
+    name in a ``finally``)."""
+    try:
+        raise error.with_traceback(None)
+    finally:
+        del error
 
 
 class Ticket:
@@ -172,9 +185,9 @@ class Scheduler:
         """Raise the crash of the first dead worker hosting one of ``env_ids``."""
         if self.dead_workers:
             for env_id in env_ids:
-                crash = self.dead_workers.get(int(self.worker_of[env_id]))
-                if crash is not None:
-                    raise crash
+                worker = int(self.worker_of[env_id])
+                if worker in self.dead_workers:
+                    raise_alone(self.dead_workers[worker])
 
     def submit(
         self,

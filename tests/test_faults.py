@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+import traceback
 from functools import partial
 
 import gymnasium as gym
@@ -269,6 +270,21 @@ async def test_an_env_raising_in_first_ready_one_env_at_a_time_is_raised_by_its_
                     assert batch.env_ids.tolist() == [env_id]
                     results[env_id].append(batch.infos["action"].tolist())
     assert results == {0: [[1], "error", [1]], 1: [[1], [1], [1]]}
+
+
+def test_a_crash_raised_again_and_again_keeps_a_traceback_of_its_last_raise():
+    """A dead worker's crash is raised by every later call on its envs: each raise gets a
+    fresh traceback, not the previous ones' frames too (they would pile up, holding
+    whatever those frames held)."""
+    env_fns = [partial(FaultyEnv, 0, "sigkill", at_step=1), partial(CounterEnv, 1)]
+    with aiovec.VecEnv(env_fns, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        lengths = []
+        for _ in range(20):
+            with pytest.raises(aiovec.WorkerCrashedError) as caught:
+                venv.step(np.zeros(2, dtype=np.int64))
+            lengths.append(len(list(traceback.walk_tb(caught.value.__traceback__))))
+    assert max(lengths[1:]) == min(lengths[1:]) < 40
 
 
 def test_bad_observation_is_an_error_not_a_corruption(backend):
