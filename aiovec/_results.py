@@ -196,6 +196,9 @@ class Results:
             failures.extend(ticket.errors[i] for i in ticket.env_ids if i in ticket.errors)
         if failures:
             log_failures(failures, failures[0])
+            for ticket in tickets:  # consumed by this raise: they must not keep the error
+                ticket.failure = None
+                ticket.errors.clear()
             first = failures[0]
             del failures  # see raise_alone
             try:

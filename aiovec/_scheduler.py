@@ -84,8 +84,11 @@ class Ticket:
         self.is_step = is_step
         self.done = False
         self.reply: Reply | None = None
-        self.failure: Exception | None = None  # the worker died before answering
-        self.errors: dict[int, Exception] = {}  # env id -> EnvError
+        # The worker died before answering (a control command: a step's failure goes
+        # to its envs' errors in the scheduler).
+        self.failure: Exception | None = None
+        # env id -> EnvError, until a step's are moved to the scheduler's errors
+        self.errors: dict[int, Exception] = {}
         # env ids already answered, once a streamed step has answered in parts
         self.answered: set[int] | None = None
 
@@ -441,6 +444,17 @@ class Scheduler:
         if self._pumping:
             self.backend.interrupt()
 
+    def forget_failures(self) -> None:
+        """Let go of the failures kept for raising (once closed, nothing raises them):
+        one raised before holds, through its traceback, frames that refer to this
+        scheduler's vector env, a cycle that would keep it alive until the garbage
+        collector runs."""
+        self.dead_workers.clear()
+        self.errors.clear()
+        for ticket in self._tickets.values():
+            ticket.failure = None
+            ticket.errors.clear()
+
     def _sent_at(self, ticket: Ticket) -> float:
         """When ``ticket``'s command reached a worker able to run it (a restarted worker
         builds its envs first, under its own start-up deadline)."""
@@ -522,7 +536,9 @@ class Scheduler:
             self.infos[env_id] = infos[0]
         elif self.infos:  # drop what an earlier, discarded result left
             self.infos.pop(env_id, None)
-        error = ticket.errors.get(env_id) if ticket.errors else None
+        # Moved, not copied: a ticket stays referred to by the frames an error's
+        # traceback holds (see raise_alone), the error must not stay referred to by it.
+        error = ticket.errors.pop(env_id, None) if ticket.errors else None
         if error is not None:
             self.errors[env_id] = error
         self.num_busy -= 1
@@ -566,8 +582,8 @@ class Scheduler:
 
     def _finish(self, ticket: Ticket, reply: Reply | None, failure: Exception | None) -> None:
         """The last answer to ``ticket`` (or its failure) arrived."""
-        ticket.done, ticket.reply, ticket.failure = True, reply, failure
-        if ticket.is_step:
+        ticket.done, ticket.reply = True, reply
+        if ticket.is_step:  # its failure goes to self.errors, for the recv taking it
             if reply is not None:  # in the order the envs finished, not necessarily sent
                 env_ids = reply.env_ids
             elif ticket.answered:  # failed after a part was answered: the rest
@@ -576,6 +592,7 @@ class Scheduler:
                 env_ids = ticket.env_ids
             self._step_results(ticket, env_ids, reply, failure)
             return
+        ticket.failure = failure
         if reply is not None:
             self._record(ticket, reply)
         self.num_busy -= len(ticket.env_ids)
@@ -616,8 +633,8 @@ class Scheduler:
             for env_id in env_ids:
                 self.infos.pop(env_id, None)
         if failure is not None or errors:
-            for env_id in env_ids:
-                error = failure or errors.get(env_id)
+            for env_id in env_ids:  # moved out of ``errors`` (see _one_step_result)
+                error = failure or errors.pop(env_id, None)
                 if error is not None:
                     self.errors[env_id] = error
 

@@ -967,6 +967,7 @@ class VecEnv(SplitCalls, VectorEnv):
         self._pending = None
         self._scheduler.close()  # tasks still awaiting this env raise ClosedError
         self._backend.close(self.close_timeout if timeout is None else timeout)
+        self._scheduler.forget_failures()
 
     def close(self, **kwargs: Any) -> None:
         """Close the envs and release every process and shared segment. Idempotent."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from functools import partial
 
 import gymnasium as gym
@@ -18,6 +20,7 @@ import pytest
 import aiovec
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv, SpacesEnv
+from tests.faulty import FaultyEnv
 from tests.helpers import run_python, start_agent
 
 
@@ -106,6 +109,56 @@ async def test_env_error_in_first_ready_mode_keeps_other_results(backend):
             await venv.recv(min_envs=2)
         batch = await venv.recv()
         assert batch.env_ids.tolist() == [1]
+
+
+def _aiovec_memory_segments() -> int:
+    """This process's open descriptors of aiovec's shared memory."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += "aiovec" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
+@pytest.mark.parametrize("fault", ["raise", "sigkill"])
+def test_a_closed_env_whose_errors_were_raised_is_freed_at_once(backend, fault):
+    """Errors raised (and caught) leave no reference cycle holding the vector env: once
+    closed and dropped, it and its shared memory are gone without waiting for the
+    garbage collector."""
+    if fault == "sigkill" and backend != "process":
+        pytest.skip("only a worker process can be killed")
+    env_fns = [partial(FaultyEnv, 0, fault, rate=1.0), partial(CounterEnv, 1)]  # every step
+    gc.collect()  # what earlier tests left
+    before = _aiovec_memory_segments()
+    gc.disable()
+    try:
+        venv = aiovec.VecEnv(env_fns, backend=backend)
+        venv.reset(seed=0)
+        for _ in range(3):  # lockstep: the env's error each time, or its worker's crash
+            with pytest.raises((aiovec.EnvError, aiovec.WorkerCrashedError)):
+                venv.step(np.zeros(2, dtype=np.int64))
+        if fault == "sigkill":
+            with pytest.raises(aiovec.WorkerCrashedError):
+                venv.reset(seed=1)  # a reset's failure (kept on its ticket)
+
+        async def first_ready(venv):
+            venv.send(np.zeros(1, dtype=np.int64), [1])
+            await venv.recv()
+            with pytest.raises((aiovec.EnvError, aiovec.WorkerCrashedError)):
+                venv.send(np.zeros(1, dtype=np.int64), [0])
+                await venv.recv()
+
+        aiovec.run(first_ready(venv))
+        alive = weakref.ref(venv)
+        venv.close()
+        del venv
+        assert alive() is None
+        assert _aiovec_memory_segments() == before
+    finally:
+        gc.enable()
 
 
 def test_factory_error_names_env(backend):

@@ -104,16 +104,20 @@ def build_blocks(
         except env_errors() as exc:
             for built in blocks.values():
                 _close_quietly(built)
-            raise EnvBuildError(block_error(first_row, envs_per_block, "make", exc)) from exc
+            raise EnvBuildError(
+                block_error(first_row, envs_per_block, "make", exc, keep_frames=True)
+            ) from exc
     return blocks
 
 
-def block_error(first_row: int, size: int, operation: str, exc: BaseException) -> ErrorInfo:
-    """One error standing for every row of the block of ``size`` rows at ``first_row``."""
+def block_error(
+    first_row: int, size: int, operation: str, exc: BaseException, keep_frames: bool = False
+) -> ErrorInfo:
+    """One error standing for every row of the block of ``size`` rows at ``first_row``
+    (``keep_frames``: see :func:`~aiovec._worker.host.error_info`)."""
     last_row = first_row + size - 1
-    info = error_info(
-        first_row, f"{operation}() of the batched env of envs {first_row}..{last_row}", exc
-    )
+    operation = f"{operation}() of the batched env of envs {first_row}..{last_row}"
+    info = error_info(first_row, operation, exc, keep_frames)
     info.env_ids = list(range(first_row, last_row + 1))
     return info
 

@@ -62,11 +62,20 @@ def catch_env_exits() -> None:
     _env_errors = (Exception, KeyboardInterrupt, SystemExit, *([groups] if groups else []))
 
 
-def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
-    """Capture ``exc`` (raised by env ``env_id``) with its formatted traceback."""
+def error_info(
+    env_id: int, operation: str, exc: BaseException, keep_frames: bool = False
+) -> ErrorInfo:
+    """Capture ``exc`` (raised by env ``env_id``) with its formatted traceback.
+
+    Unless ``keep_frames`` (for an error raised on, ``from exc``), ``exc`` and the
+    exceptions chained to it let go of their tracebacks once captured: the frames there
+    often refer back to the exception (the handler's, a restart flow's), and that cycle
+    would keep every object those frames hold, a vector env and its shared memory
+    among them, until the garbage collector runs."""
+    original = exc
     exc = _as_raised(exc)
     module = type(exc).__module__
-    return ErrorInfo(
+    info = ErrorInfo(
         env_id=env_id,
         operation=operation,
         exc_type=str(type(exc).__qualname__),
@@ -75,6 +84,31 @@ def error_info(env_id: int, operation: str, exc: BaseException) -> ErrorInfo:
         timeout=exc.timeout if isinstance(exc, StepTimeoutError) else None,
         exc_module=module if isinstance(module, str) else None,
     )
+    if not keep_frames:
+        _drop_tracebacks(original)
+    return info
+
+
+#: ``BaseExceptionGroup`` where Python has it (3.11+).
+_exception_groups: Any = getattr(builtins, "BaseExceptionGroup", None)
+
+
+def _drop_tracebacks(exc: BaseException) -> None:
+    """Drop the tracebacks of ``exc`` and of every exception chained to it."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        try:  # an env's exception class may refuse attribute writes: then keep them
+            current.__traceback__ = None
+        except Exception:
+            pass
+        pending += [current.__cause__, current.__context__]
+        if _exception_groups and isinstance(current, _exception_groups):
+            pending += current.exceptions
 
 
 def _describe(exc: BaseException, text: Callable[[BaseException], str]) -> str:
@@ -136,7 +170,7 @@ def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
         except env_errors() as exc:
             for built in envs.values():
                 _close_quietly(built)
-            raise EnvBuildError(error_info(env_id, "make", exc)) from exc
+            raise EnvBuildError(error_info(env_id, "make", exc, keep_frames=True)) from exc
         envs[env_id] = env
     return envs
 
