@@ -27,7 +27,7 @@ import numpy as np
 
 from aiovec._checks import check_seconds
 from aiovec._stats import StatsRecorder
-from aiovec._transport.protocol import EnvCommand, Reply, Step
+from aiovec._transport.protocol import EnvCommand, Reply
 from aiovec.backends._base import Backend, WorkerEvent, WorkerExit, WorkerGone
 from aiovec.errors import (
     ClosedError,
@@ -224,28 +224,6 @@ class Scheduler:
         if self._parked:  # e.g. an inline backend: the results are already waiting
             self._wake_parked()
         return tickets
-
-    def submit_step(self, env_id: int, actions: list[Any] | None) -> None:
-        """:meth:`submit` of a first-ready step of one env (the hot loop); ``actions``:
-        the env's action by value (a list of one), or ``None`` (in shared memory)."""
-        worker = self._worker_list[env_id]
-        group = [env_id]
-        command = Step(next(self._sequence), group, actions, True)
-        backend = self.backend
-        try:
-            payload = backend.prepare(worker, command)
-        except WorkerGone:  # see submit
-            self.dispatch(backend.poll())
-            self.check_alive(group)
-            payload = backend.prepare(worker, command)
-        self.stats.commands += 1
-        backend.submit(worker, payload)
-        self._tickets[command.seq] = Ticket(worker, group, group, True, command, time.monotonic())
-        self.state[env_id] = BUSY
-        self.num_busy += 1
-        self.num_stepping += 1
-        if self._parked:
-            self._wake_parked()
 
     def _prepare(
         self, env_ids: Sequence[int], make_command: Callable[[int, list[int]], EnvCommand]
@@ -498,10 +476,6 @@ class Scheduler:
             ticket = tickets.get(message.seq)
             if ticket is None:  # a late reply to a request given up on
                 continue
-            if ticket.rows is ticket.env_ids and len(ticket.env_ids) == 1 and ticket.is_step:
-                del tickets[message.seq]  # a step of one env (first-ready): all of it
-                self._one_step_result(worker, ticket, message)
-                continue
             if not message.env_ids:  # sent compact: the command's whole group
                 message.env_ids = ticket.env_ids
             self._count_busy(worker, message)
@@ -514,39 +488,8 @@ class Scheduler:
                 ticket.answered.update(message.env_ids)
                 self._step_results(ticket, message.env_ids, message, None)
                 continue
-            del self._tickets[message.seq]
+            del tickets[message.seq]
             self._finish(ticket, message, None)
-
-    def _one_step_result(self, worker: int, ticket: Ticket, reply: Reply) -> None:
-        """:meth:`_finish` of a step of one env (first-ready one env at a time, the hot
-        loop), which ``reply`` answers whole: the same effects, in fewer steps."""
-        env_ids = ticket.env_ids
-        (env_id,) = reply.env_ids = env_ids
-        ticket.done, ticket.reply = True, reply
-        stats = self.stats
-        stats.env_time += reply.busy
-        if worker in self._local_workers:
-            stats.local_env_time += reply.busy
-        if reply.progressed:
-            self._crashes_in_a_row[worker] = 0
-        if reply.observations is not None or reply.errors:
-            ticket.errors.update(self._read_reply(reply))
-        infos = reply.infos
-        if infos is not None and infos[0]:
-            self.infos[env_id] = infos[0]
-        elif self.infos:  # drop what an earlier, discarded result left
-            self.infos.pop(env_id, None)
-        # Moved, not copied: a ticket stays referred to by the frames an error's
-        # traceback holds (see raise_alone), the error must not stay referred to by it.
-        error = ticket.errors.pop(env_id, None) if ticket.errors else None
-        if error is not None:
-            self.errors[env_id] = error
-        self.num_busy -= 1
-        self.num_stepping -= 1
-        stats.env_steps += 1
-        stats.record_latency(time.monotonic() - ticket.sent_at, 1)
-        self.state[env_id] = READY
-        self.ready_queue.append(env_id)
 
     def _worker_exited(self, worker: int, exit: WorkerExit) -> None:
         group = self.backend.groups[worker]
@@ -633,7 +576,9 @@ class Scheduler:
             for env_id in env_ids:
                 self.infos.pop(env_id, None)
         if failure is not None or errors:
-            for env_id in env_ids:  # moved out of ``errors`` (see _one_step_result)
+            # Moved out of ``errors`` (a ticket's), not copied: frames of the error's
+            # traceback may hold the ticket (see raise_alone).
+            for env_id in env_ids:
                 error = failure or errors.pop(env_id, None)
                 if error is not None:
                     self.errors[env_id] = error

@@ -518,9 +518,10 @@ class VecEnv(SplitCalls, VectorEnv):
         batch, exact = self._check_actions(actions, 1)  # raises as the general path would
         if exact:
             write_rows(self._buffers.actions, slice(env_id, env_id + 1), batch)
-            scheduler.submit_step(env_id, None)
+            by_value = None
         else:  # by value, as the caller passed it (see _step_commands)
-            scheduler.submit_step(env_id, split_batch(self.action_space, batch))
+            by_value = split_batch(self.action_space, batch)
+        scheduler.submit([env_id], lambda seq, group: Step(seq, group, by_value, True), True)
         return True
 
     def _send(self, actions: Any, env_ids: Any, stream: bool) -> list[Ticket]:
