@@ -208,8 +208,7 @@ class ThreadedEnvServer:
                 if frame:
                     yield cast(Step, expand_command(decode_command(frame), group)), 0
                     continue
-                with self._token_lock:  # a token: see below
-                    self._tokens_unread.discard(env_id)
+                self._token_read(env_id)
             taken = False  # checked with empty(): raising queue.Empty costs more, each step
             while not requests.empty():  # this thread alone takes from it
                 queued.append(requests.get_nowait())
@@ -232,9 +231,8 @@ class ThreadedEnvServer:
             for frame in frames:
                 if frame:
                     steps.append(cast(Step, expand_command(decode_command(frame), group)))
-                else:  # a token: a later command finds none unread, and sends one
-                    with self._token_lock:
-                        self._tokens_unread.discard(env_id)
+                else:
+                    self._token_read(env_id)
             if queued and queued[0] is None:
                 yield None  # shut down: what is left is dropped
                 return
@@ -242,6 +240,12 @@ class ThreadedEnvServer:
                 yield steps.popleft(), 0  # a step of this env alone
             elif queued:
                 yield queued.popleft()
+
+    def _token_read(self, env_id: int) -> None:
+        """Env ``env_id``'s thread read the token on its line: the next command queued
+        for it finds none unread, and sends one (see :meth:`_wake`)."""
+        with self._token_lock:
+            self._tokens_unread.discard(env_id)
 
     def _part_done(self, command: EnvCommand, position: int, reply: Reply) -> None:
         """Env ``position`` of ``command`` is done: the last one sends the whole reply."""
