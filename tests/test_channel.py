@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 
@@ -101,3 +102,59 @@ async def test_a_large_frame_to_a_worker_that_does_not_read_never_blocks_the_age
         assert (await asyncio.wait_for(venv.recv(), 30)).env_ids.tolist() == [0]
         assert await venv.acall("payload") == (b"x" * BIG,)
         heartbeat.stop()
+
+
+# --- a blocked receive is woken by input alone ------------------------------------------------
+
+
+def _voluntary_switches(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+def _blocked(native_id: int) -> bool:
+    with open(f"/proc/self/task/{native_id}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc task counters")
+@pytest.mark.timeout(30)
+def test_a_blocked_receive_is_not_woken_when_the_other_end_reads_what_this_end_sent():
+    # Linux wakes a thread blocked in recv() on a stream socket whenever the other end
+    # reads what this end sent (room to write again); a worker waiting for its next
+    # command was woken once for every reply the agent read, a context switch for nothing.
+    mine, theirs = socket.socketpair()
+    channel, other = Channel(mine), Channel(theirs)
+    started = threading.Event()
+    native_id: list[int] = []
+    received: list[bytes] = []
+
+    def wait_for_a_frame() -> None:
+        native_id.append(threading.get_native_id())
+        started.set()
+        received.append(channel.receive())
+
+    channel.send(b"hello")  # this end has sent before it waits, as a worker has
+    assert other.receive() == b"hello"
+    waiter = threading.Thread(target=wait_for_a_frame)
+    waiter.start()
+    started.wait()
+    (thread,) = native_id
+    deadline = time.monotonic() + 10
+    while not _blocked(thread) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    before = _voluntary_switches(thread)
+    for index in range(50):  # replies the other end reads while this end waits
+        channel.send_frames([bytes([index]) * 100])
+        assert other.receive() == bytes([index]) * 100
+        time.sleep(0.002)  # a woken waiter would have run by now
+    woken = _voluntary_switches(thread) - before
+    other.send(b"command")
+    waiter.join(timeout=10)
+    assert received == [b"command"]
+    assert woken <= 2, f"the waiting thread was woken {woken} times by the other end's reads"
+    mine.close()
+    theirs.close()
