@@ -13,6 +13,7 @@ from gymnasium.envs.registration import EnvSpec, VectorizeMode
 
 from aiovec._auto import choose_block_layout
 from aiovec._worker.blocks import BlockFactory
+from aiovec._worker.registrations import portable, shown
 from aiovec.vector_env import VecEnv
 
 
@@ -36,7 +37,7 @@ class EnvFactory:
 
     def __repr__(self) -> str:
         target = getattr(self.make, "__qualname__", repr(self.make))
-        arguments = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        arguments = [shown(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
         return f"{target}({', '.join(arguments)})"
 
 
@@ -125,7 +126,9 @@ def make(
     if isinstance(env_id, (str, EnvSpec)):
         # unknown ids fail here, with Gymnasium's suggestions; a spec is taken as given
         spec = env_id if isinstance(env_id, EnvSpec) else gym.spec(env_id)
-        make_env, args = gym.make, (env_id,)
+        # The spec, not the id, as gymnasium.make_vec passes it: a worker started fresh
+        # never saw an id registered here (see aiovec._worker.registrations).
+        make_env, args = gym.make, (portable(spec),)
     elif callable(env_id):
         make_env, args = env_id, ()
     else:
@@ -230,7 +233,7 @@ def _make_batched(
                 "factory(num_envs=k, **env_kwargs) -> gymnasium.vector.VectorEnv"
             )
         make_block: Callable[..., Any] = gym.make_vec
-        args: tuple[Any, ...] = (env_id,)
+        args: tuple[Any, ...] = (portable(spec),)
         fixed: dict[str, Any] = {"vectorization_mode": "vector_entry_point"}
     else:
         make_block, args, fixed = env_id, (), {}

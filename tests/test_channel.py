@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -156,5 +157,53 @@ def test_a_blocked_receive_is_not_woken_when_the_other_end_reads_what_this_end_s
     waiter.join(timeout=10)
     assert received == [b"command"]
     assert woken <= 2, f"the waiting thread was woken {woken} times by the other end's reads"
+    mine.close()
+    theirs.close()
+
+
+def test_a_closed_channel_that_has_sent_refuses_to_receive_at_once():
+    # Closed here, even after its descriptor number was given to something else: an
+    # OSError at once, never a wait on whatever now holds that number.
+    mine, theirs = socket.socketpair()
+    channel = Channel(mine)
+    channel.send(b"hello")
+    channel.close()
+    reused_read, reused_write = os.pipe()  # likely takes the number the socket had
+    try:
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            channel.receive()
+        assert time.monotonic() - started < 1
+    finally:
+        os.close(reused_read)
+        os.close(reused_write)
+        theirs.close()
+
+
+@pytest.mark.timeout(30)
+def test_two_threads_may_wait_on_one_channel_that_has_sent():
+    mine, theirs = socket.socketpair()
+    channel, other = Channel(mine), Channel(theirs)
+    channel.send(b"hello")
+    received: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def wait_for_a_frame() -> None:
+        try:
+            received.append(channel.receive())
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiters = [threading.Thread(target=wait_for_a_frame) for _ in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.2)  # both wait now
+    other.send(b"a")
+    time.sleep(0.1)
+    other.send(b"b")
+    for waiter in waiters:
+        waiter.join(timeout=10)
+    assert not errors
+    assert sorted(received) == [b"a", b"b"]
     mine.close()
     theirs.close()

@@ -233,3 +233,37 @@ def test_num_envs_defaults_to_one_and_an_env_spec_is_taken_as_make_vec_takes_the
         observations, _ = envs.reset(seed=0)
         np.testing.assert_array_equal(observations, expected.reset(seed=0)[0])
         expected.close()
+
+
+# --- ids registered in the agent only --------------------------------------------------------
+
+
+@pytest.fixture
+def agent_only_ids(monkeypatch):
+    """Two ids registered in this process alone, as a script registers its own env: one
+    with the class as entry point, one naming a class of ``__main__`` (which no worker
+    imports). Dropped from the registry afterwards."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["__main__"], "AgentOnlyCounter", CounterEnv, raising=False)
+    gym.register("AgentOnlyByClass-v0", entry_point=CounterEnv, kwargs={"env_index": 7})
+    gym.register("AgentOnlyByName-v0", entry_point="__main__:AgentOnlyCounter")
+    yield "AgentOnlyByClass-v0", "AgentOnlyByName-v0"
+    for env_id in ("AgentOnlyByClass-v0", "AgentOnlyByName-v0"):
+        gym.registry.pop(env_id, None)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_an_id_registered_in_the_agent_alone_builds_in_fresh_workers(agent_only_ids, context):
+    # As gymnasium.make_vec does, make() hands the workers the registry's spec, not the
+    # id: a worker started fresh (spawn, forkserver, a Ray actor) never saw the
+    # registration, and never imports the agent's __main__.
+    by_class, by_name = agent_only_ids
+    with aiovec.make(by_class, 2, backend="process", context=context) as venv:
+        observations, _ = venv.reset(seed=0)
+        assert observations[:, 0].tolist() == [7.0, 7.0]
+        assert venv.spec.id == by_class
+    with aiovec.make(by_name, 2, backend="process", context=context) as venv:
+        venv.reset(seed=0)
+        observations, *_ = venv.step(np.zeros(2, dtype=np.int64))
+        assert observations[:, 1].tolist() == [1.0, 1.0]

@@ -444,3 +444,78 @@ def test_actors_ray_cannot_place_are_a_startup_timeout_naming_the_cause():
     # Nothing is left holding the cluster's CPUs: the next vector env starts.
     with aiovec.VecEnv([CounterEnv] * 2, backend="ray", num_workers=2) as venv:
         assert venv.reset(seed=0)[0].shape == (2, 2)
+
+
+def test_ids_registered_in_the_driver_alone_build_in_the_actors(monkeypatch):
+    """A Ray actor starts from a fresh interpreter that never imports the driver's
+    ``__main__``: ids the driver registered, by class or by a name in ``__main__``,
+    still build there, through make() and through a factory calling gymnasium.make."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["__main__"], "DriverOnlyCounter", CounterEnv, raising=False)
+    gym.register("DriverOnlyByClass-v0", entry_point=CounterEnv, kwargs={"env_index": 5})
+    gym.register("DriverOnlyByName-v0", entry_point="__main__:DriverOnlyCounter")
+    try:
+        with aiovec.make("DriverOnlyByClass-v0", 2, backend="ray") as venv:
+            assert venv.reset(seed=0)[0][:, 0].tolist() == [5.0, 5.0]
+        factories = [partial(gym.make, "DriverOnlyByName-v0")] * 2
+        with aiovec.VecEnv(factories, backend="ray") as venv:
+            venv.reset(seed=0)
+            assert venv.step(np.zeros(2, dtype=np.int64))[0][:, 1].tolist() == [1.0, 1.0]
+    finally:
+        for env_id in ("DriverOnlyByClass-v0", "DriverOnlyByName-v0"):
+            gym.registry.pop(env_id, None)
+
+
+UNGUARDED_RAY = """
+import gymnasium as gym
+import numpy as np
+import ray
+import aiovec
+
+
+class Walker(gym.Env):  # defined in __main__, as in a quick script
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-10, 10, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.x = 0.0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x = 0.0
+        return np.array([self.x], dtype=np.float32), {}
+
+    def step(self, action):
+        self.x += 1.0 if action else -1.0
+        return np.array([self.x], dtype=np.float32), 1.0, False, False, {}
+
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+gym.register("UnguardedWalker-v0", entry_point="__main__:Walker")
+with aiovec.make("UnguardedWalker-v0", 2, backend="ray") as venv:
+    venv.reset(seed=0)
+    print("by name", venv.step(np.ones(2, dtype=np.int64))[0][:, 0].tolist())
+with aiovec.VecEnv([Walker, lambda: gym.make("UnguardedWalker-v0")], backend="ray") as venv:
+    venv.reset(seed=0)
+    print("factories", venv.step(np.zeros(2, dtype=np.int64))[0][:, 0].tolist())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_an_unguarded_script_runs_on_the_ray_backend(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_RAY)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "by name [1.0, 1.0]" in result.stdout
+    assert "factories [-1.0, -1.0]" in result.stdout

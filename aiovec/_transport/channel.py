@@ -33,7 +33,6 @@ class Channel:
         self._pending = bytearray()  # read, not yet returned as frames
         self._outgoing = bytearray()  # to send, once the socket has room (send_soon)
         self._has_sent = False  # see _receive_blocking
-        self._input: select.poll | None = None  # polls this socket for input alone
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -184,11 +183,11 @@ class Channel:
         inside ``recv()``.
         """
         sock = self.sock
-        if self._has_sent and sock.gettimeout() is None:
-            if self._input is None:
-                self._input = select.poll()
-                self._input.register(sock, select.POLLIN)
-            self._input.poll()
+        descriptor = sock.fileno()  # -1 once closed: recv() then raises, as it always did
+        if self._has_sent and descriptor >= 0 and sock.gettimeout() is None:
+            waiting = select.poll()  # one per wait: any number of threads may wait at once
+            waiting.register(descriptor, select.POLLIN)
+            waiting.poll()
         return sock.recv(_CHUNK)
 
     def receive_ready(self) -> list[bytes]:

@@ -52,6 +52,7 @@ from aiovec._worker.host import (
     env_errors,
     error_info,
 )
+from aiovec._worker.registrations import shown
 
 
 class BlockFactory:
@@ -77,7 +78,7 @@ class BlockFactory:
 
     def __repr__(self) -> str:
         target = getattr(self.make, "__qualname__", repr(self.make))
-        arguments = [repr(a) for a in self.args] + [f"num_envs={self.num_envs}"]
+        arguments = [shown(a) for a in self.args] + [f"num_envs={self.num_envs}"]
         arguments += [f"{k}={v!r}" for k, v in self.kwargs.items()]
         return f"{target}({', '.join(arguments)})"
 

@@ -23,7 +23,6 @@ Lifetime guarantees:
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import errno
 import multiprocessing
 import os
@@ -41,6 +40,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import cloudpickle
+
+from aiovec._worker.registrations import agent_specs, install
 
 _HEADER = struct.Struct("<I")
 
@@ -162,7 +163,7 @@ class Zygote:
     ) -> ZygoteProcess:
         """Fork ``target(sock, *args, **kwargs)`` from the zygote; its process handle."""
         # Unpickled in the worker only (after sys.path is set), never in the zygote.
-        blob = cloudpickle.dumps((target, args, kwargs or {}, self._custom_specs()))
+        blob = cloudpickle.dumps((target, args, kwargs or {}, agent_specs(self._registry)))
         # multiprocessing's authkey too: proxies of a Manager (a shared Value, Barrier)
         # captured by a factory must connect to it from the worker.
         authkey = bytes(multiprocessing.current_process().authkey)
@@ -176,27 +177,6 @@ class Zygote:
             return cast("int | None", self._request(("status", pid))[0])
         except (OSError, EOFError):  # the zygote is gone: so is the code
             return None
-
-    def _custom_specs(self) -> list[Any]:
-        """Gymnasium registrations made in the agent, which a fresh zygote lacks."""
-        import gymnasium
-
-        specs = []
-        main = sys.modules.get("__main__")
-        for env_id, spec in gymnasium.registry.items():
-            entry_point = spec.entry_point
-            if isinstance(entry_point, str) and entry_point.startswith("__main__:"):
-                # Workers never import the agent's __main__: send what it names instead.
-                target = getattr(main, entry_point.partition(":")[2], None)
-                if target is not None:
-                    spec = dataclasses.replace(spec, entry_point=target)
-            if self._registry.get(env_id) != spec:  # new, or registered again differently
-                try:
-                    cloudpickle.dumps(spec)
-                except Exception:  # an entry point that cannot travel: make() will say so
-                    continue
-                specs.append(spec)
-        return specs
 
     def close(self) -> None:
         """Stop the zygote (its workers are killed with it)."""
@@ -423,11 +403,7 @@ def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, 
         except OSError:
             pass
         target, args, kwargs, specs = cloudpickle.loads(blob)
-        if specs:
-            import gymnasium
-
-            for env_spec in specs:
-                gymnasium.registry[env_spec.id] = env_spec
+        install(specs)
         target(socket.socket(fileno=worker_fd), *args, **kwargs)
         status = 0
     except BaseException:

@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Union, cast
 
 import cloudpickle
@@ -50,6 +50,7 @@ from aiovec._transport.spaces import read_rows, write_rows
 from aiovec._worker.async_server import AsyncEnvServer
 from aiovec._worker.blocks import build_host
 from aiovec._worker.host import EnvBuildError, EnvHost
+from aiovec._worker.registrations import install
 from aiovec._worker.threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 
@@ -80,7 +81,9 @@ class EnvActor:
         concurrent: bool | None = None,
         step_timeout: float | None = None,
         envs_per_block: int | None = None,
+        registrations: Sequence[bytes] = (),
     ) -> None:
+        install(registrations)  # before the factories, which may name those ids
         env_fns = cloudpickle.loads(factories)
         try:
             self.host, self._descriptions = build_host(

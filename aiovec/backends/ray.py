@@ -41,6 +41,7 @@ from aiovec._transport.channel import Channel
 from aiovec._transport.protocol import EnvCommand, Step, encode, to_wire, wire_command
 from aiovec._transport.spaces import read_rows, write_rows
 from aiovec._worker.host import EnvDescription
+from aiovec._worker.registrations import agent_specs
 from aiovec.backends._base import (
     Backend,
     Wakeup,
@@ -115,6 +116,9 @@ class RayBackend(Backend):
             cloudpickle.dumps(group_factories(env_fns, group, envs_per_block or 1))
             for group in self.groups
         ]
+        # An actor is a fresh interpreter: it gets the ids registered here (see
+        # aiovec._worker.registrations), every one, as its registry cannot be known from here.
+        self._registrations = agent_specs()
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
         self._cpus_per_actor = options.pop("num_cpus", 1)
@@ -154,6 +158,7 @@ class RayBackend(Backend):
             self._concurrent,
             self._step_timeout,
             self._envs_per_block,
+            registrations=self._registrations,
         )
         self._owed[worker] = 0
 
