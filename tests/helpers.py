@@ -91,6 +91,34 @@ class Heartbeat:
         self._task.cancel()
 
 
+#: The opening of a script that defines its env in ``__main__`` and registers it twice
+#: (by class, and by a ``"__main__:Walker"`` name no worker can import), as a quick
+#: script or a notebook does.
+MAIN_MODULE_WALKER = textwrap.dedent(
+    """
+    import gymnasium as gym
+    import numpy as np
+    import aiovec
+
+    class Walker(gym.Env):  # defined in __main__, as in a notebook or a quick script
+        observation_space = gym.spaces.Box(-10, 10, (1,))
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.x = 0.0
+            return np.array([self.x], dtype=np.float32), {}
+
+        def step(self, action):
+            self.x += 1.0 if action else -1.0
+            return np.array([self.x], dtype=np.float32), 1.0, abs(self.x) >= 5, False, {}
+
+    gym.register("MainModuleWalker-v0", entry_point=Walker)
+    gym.register("MainModuleWalkerByName-v0", entry_point="__main__:Walker")
+    """
+)
+
+
 def run_python(source: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``source`` with ``python -c`` from the repository root (so that it can import
     ``tests``), with its output captured."""

@@ -13,28 +13,10 @@ from functools import partial
 import numpy as np
 import pytest
 
-UNGUARDED = textwrap.dedent(
+from tests.helpers import MAIN_MODULE_WALKER
+
+UNGUARDED = MAIN_MODULE_WALKER + textwrap.dedent(
     """
-    import gymnasium as gym
-    import numpy as np
-    import aiovec
-
-    class Walker(gym.Env):  # defined in __main__, as in a notebook or a quick script
-        observation_space = gym.spaces.Box(-10, 10, (1,))
-        action_space = gym.spaces.Discrete(2)
-
-        def reset(self, *, seed=None, options=None):
-            super().reset(seed=seed)
-            self.x = 0.0
-            return np.array([self.x], dtype=np.float32), {}
-
-        def step(self, action):
-            self.x += 1.0 if action else -1.0
-            return np.array([self.x], dtype=np.float32), 1.0, abs(self.x) >= 5, False, {}
-
-    gym.register("MainModuleWalker-v0", entry_point=Walker)
-    gym.register("MainModuleWalkerByName-v0", entry_point="__main__:Walker")
-
     venv = aiovec.make("CartPole-v1", 64)  # auto: probes, then may start workers
     venv.reset(seed=0)
     venv.step(venv.action_space.sample())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import textwrap
 import time
 from functools import partial
 
@@ -17,6 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 import aiovec
 from tests.envs import CounterEnv, SpacesEnv
+from tests.helpers import MAIN_MODULE_WALKER
 from tests.test_parity import assert_same
 
 
@@ -467,38 +469,20 @@ def test_ids_registered_in_the_driver_alone_build_in_the_actors(monkeypatch):
             gym.registry.pop(env_id, None)
 
 
-UNGUARDED_RAY = """
-import gymnasium as gym
-import numpy as np
-import ray
-import aiovec
+UNGUARDED_RAY = MAIN_MODULE_WALKER + textwrap.dedent(
+    """
+    import ray
 
-
-class Walker(gym.Env):  # defined in __main__, as in a quick script
-    def __init__(self):
-        self.observation_space = gym.spaces.Box(-10, 10, (1,), np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self.x = 0.0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.x = 0.0
-        return np.array([self.x], dtype=np.float32), {}
-
-    def step(self, action):
-        self.x += 1.0 if action else -1.0
-        return np.array([self.x], dtype=np.float32), 1.0, False, False, {}
-
-
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-gym.register("UnguardedWalker-v0", entry_point="__main__:Walker")
-with aiovec.make("UnguardedWalker-v0", 2, backend="ray") as venv:
-    venv.reset(seed=0)
-    print("by name", venv.step(np.ones(2, dtype=np.int64))[0][:, 0].tolist())
-with aiovec.VecEnv([Walker, lambda: gym.make("UnguardedWalker-v0")], backend="ray") as venv:
-    venv.reset(seed=0)
-    print("factories", venv.step(np.zeros(2, dtype=np.int64))[0][:, 0].tolist())
-"""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with aiovec.make("MainModuleWalkerByName-v0", 2, backend="ray") as venv:
+        venv.reset(seed=0)
+        print("by name", venv.step(np.ones(2, dtype=np.int64))[0][:, 0].tolist())
+    factories = [Walker, lambda: gym.make("MainModuleWalker-v0")]
+    with aiovec.VecEnv(factories, backend="ray") as venv:
+        venv.reset(seed=0)
+        print("factories", venv.step(np.zeros(2, dtype=np.int64))[0][:, 0].tolist())
+    """
+)
 
 
 @pytest.mark.timeout(180)
