@@ -191,8 +191,8 @@ def check_count(name: str, value: Any, minimum: int, *, none_ok: bool = False) -
 
 def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
     """One seed (a Python int, or None) per env, from what ``reset(seed=...)`` accepts:
-    ``None``, a non-negative int (env ``i`` gets ``seed + i``), or one int or ``None`` per
-    env (numpy integers count as ints).
+    ``None``, a non-negative int of any size (env ``i`` gets ``seed + i``), or one int or
+    ``None`` per env (numpy integers count as ints).
 
     Raises:
         aiovec.InvalidSeedError: any other seed (also a ``gymnasium.error.Error``, as
@@ -203,13 +203,7 @@ def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
     if is_int(seed):
         if seed < 0:
             raise InvalidSeedError(f"seed must be a non-negative int, got {seed!r}")
-        if seed + num_envs - 1 >= 2**64:  # env i is seeded with seed + i
-            raise InvalidSeedError(
-                f"seed {seed!r} seeds env i with seed + i, up to {seed + num_envs - 1} for "
-                f"{num_envs} envs: each env's seed must be below 2**64 (pass a smaller seed, "
-                "or one seed per env)"
-            )
-        return [int(seed) + i for i in range(num_envs)]
+        return [int(seed) + i for i in range(num_envs)]  # as Gymnasium seeds env i
     if isinstance(seed, (str, bytes, dict)) or not hasattr(seed, "__len__"):
         raise InvalidSeedError(
             f"seed must be None, a non-negative int, or a list of {num_envs} such seeds "
@@ -222,10 +216,9 @@ def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
             f"but got length={len(seeds)}."
         )
     for index, item in enumerate(seeds):
-        if item is not None and not (is_int(item) and 0 <= item < 2**64):
+        if item is not None and not (is_int(item) and item >= 0):
             raise InvalidSeedError(
-                f"seed[{index}] is {item!r}: each seed must be None or a non-negative int "
-                "below 2**64"
+                f"seed[{index}] is {item!r}: each seed must be None or a non-negative int"
             )
     return [None if item is None else int(item) for item in seeds]
 

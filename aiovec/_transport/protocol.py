@@ -24,7 +24,7 @@ from aiovec.errors import EnvError, StepTimeoutError
 class Reset(msgspec.Struct, array_like=True, tag=True):
     seq: int
     env_ids: list[int]
-    seeds: list[Union[int, None]]
+    seeds: list[Any]  # an int or None per env (on the wire, as to_wire writes them)
     options: Any = None  # one dict for all envs, or a list with one per env id
     per_env_options: bool = False
 
@@ -307,8 +307,10 @@ def undecodable_reply(command: Command) -> Reply | None:
 def wire_command(command: Command) -> Command:
     """A copy of ``command`` with its arbitrary values converted by :func:`to_wire`, ready
     to encode (the original may be sent again later, to a restarted worker)."""
-    if isinstance(command, Reset) and command.options is not None:
-        return msgspec.structs.replace(command, options=to_wire(command.options))
+    if isinstance(command, Reset):  # seeds too: a seed may be beyond msgpack's 64 bits
+        return msgspec.structs.replace(
+            command, seeds=to_wire(command.seeds), options=to_wire(command.options)
+        )
     if isinstance(command, Step) and command.actions is not None:
         return msgspec.structs.replace(command, actions=to_wire(command.actions))
     if isinstance(command, Call):
