@@ -192,7 +192,7 @@ def check_count(name: str, value: Any, minimum: int, *, none_ok: bool = False) -
 def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
     """One seed (a Python int, or None) per env, from what ``reset(seed=...)`` accepts:
     ``None``, a non-negative int of any size (env ``i`` gets ``seed + i``), or one int or
-    ``None`` per env (numpy integers count as ints).
+    ``None`` per env (numpy integers count as ints, and Python's bools, as in Gymnasium).
 
     Raises:
         aiovec.InvalidSeedError: any other seed (also a ``gymnasium.error.Error``, as
@@ -200,6 +200,8 @@ def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
     """
     if seed is None:
         return [None] * num_envs
+    if type(seed) is bool:  # an int to Gymnasium's envs: True seeds as 1
+        seed = int(seed)
     if is_int(seed):
         if seed < 0:
             raise InvalidSeedError(f"seed must be a non-negative int, got {seed!r}")
@@ -216,6 +218,8 @@ def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
             f"but got length={len(seeds)}."
         )
     for index, item in enumerate(seeds):
+        if type(item) is bool:
+            seeds[index] = item = int(item)
         if item is not None and not (is_int(item) and item >= 0):
             raise InvalidSeedError(
                 f"seed[{index}] is {item!r}: each seed must be None or a non-negative int"

@@ -43,7 +43,7 @@ def test_numpy_integer_seeds_are_seeds(backend):
         [0, -1, 2, 3],
         -5,
         {"a": 1},
-        True,
+        np.True_,
     ],
 )
 def test_bad_seeds_are_refused_before_anything_is_sent(backend, seed):
@@ -76,6 +76,14 @@ def test_seeds_beyond_64_bits_seed_as_gymnasiums_envs_take_them(backend):
                 observations, expected = observations[[0, 2, 3]], expected[[0, 2, 3]]
             np.testing.assert_array_equal(observations, expected)
     reference.close()
+
+
+def test_a_bool_seed_is_the_int_it_equals_as_in_gymnasium():
+    with aiovec.VecEnv(spaces_envs(2), backend="inline") as venv:
+        expected, _ = venv.reset(seed=1)
+        np.testing.assert_array_equal(venv.reset(seed=True)[0], expected)
+        expected, _ = venv.reset(seed=[1, 0])
+        np.testing.assert_array_equal(venv.reset(seed=[True, False])[0], expected)
 
 
 def test_a_seed_list_of_the_wrong_length_is_gymnasiums_assertion_error():
