@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import os
 from collections.abc import Callable, Sequence
@@ -13,7 +14,7 @@ from gymnasium.envs.registration import EnvSpec, VectorizeMode
 
 from aiovec._auto import choose_block_layout
 from aiovec._worker.blocks import BlockFactory
-from aiovec._worker.registrations import portable, shown
+from aiovec._worker.registrations import shown
 from aiovec.vector_env import VecEnv
 
 
@@ -125,10 +126,10 @@ def make(
     args: tuple[Any, ...]
     if isinstance(env_id, (str, EnvSpec)):
         # unknown ids fail here, with Gymnasium's suggestions; a spec is taken as given
-        spec = env_id if isinstance(env_id, EnvSpec) else gym.spec(env_id)
+        spec = registry_spec(env_id)
         # The spec, not the id, as gymnasium.make_vec passes it: a worker started fresh
         # never saw an id registered here (see aiovec._worker.registrations).
-        make_env, args = gym.make, (portable(spec),)
+        make_env, args = gym.make, (spec,)
     elif callable(env_id):
         make_env, args = env_id, ()
     else:
@@ -179,6 +180,18 @@ def make(
     return venv
 
 
+def registry_spec(env_id: str | EnvSpec) -> EnvSpec:
+    """The registry's spec for ``env_id``, found as ``gymnasium.make`` finds it: for
+    ``"module:Env-v0"`` the module is imported first (importing it registers the id).
+    An unknown id raises Gymnasium's error, with its suggestions."""
+    if isinstance(env_id, EnvSpec):
+        return env_id
+    module, _, name = env_id.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    return gym.spec(name)
+
+
 #: The keywords :func:`make` passes to :class:`VecEnv`; any other is the env's.
 _VECENV_OPTIONS = frozenset(inspect.signature(VecEnv.__init__).parameters) - {"self", "env_fns"}
 
@@ -224,7 +237,7 @@ def _make_batched(
 ) -> VecEnv:
     """``make`` with ``vectorization_mode="vector_entry_point"``: a VecEnv of blocks."""
     if isinstance(env_id, (str, EnvSpec)):
-        spec = env_id if isinstance(env_id, EnvSpec) else gym.spec(env_id)
+        spec = registry_spec(env_id)
         if spec.vector_entry_point is None:
             raise ValueError(
                 f"{spec.id} has no vector_entry_point in the Gymnasium registry, so it cannot "
@@ -233,7 +246,7 @@ def _make_batched(
                 "factory(num_envs=k, **env_kwargs) -> gymnasium.vector.VectorEnv"
             )
         make_block: Callable[..., Any] = gym.make_vec
-        args: tuple[Any, ...] = (portable(spec),)
+        args: tuple[Any, ...] = (spec,)
         fixed: dict[str, Any] = {"vectorization_mode": "vector_entry_point"}
     else:
         make_block, args, fixed = env_id, (), {}

@@ -8,6 +8,7 @@ from functools import partial
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.envs.registration import WrapperSpec
 
 import aiovec
 from aiovec.envs import VariableLatencyEnv
@@ -235,19 +236,24 @@ def test_num_envs_defaults_to_one_and_an_env_spec_is_taken_as_make_vec_takes_the
         expected.close()
 
 
-# --- ids registered in the agent only --------------------------------------------------------
+# --- ids registered in the agent only ---------------------------------------------------------
 
 
 @pytest.fixture
 def agent_only_ids(monkeypatch):
-    """Two ids registered in this process alone, as a script registers its own env: one
-    with the class as entry point, one naming a class of ``__main__`` (which no worker
-    imports). Dropped from the registry afterwards."""
+    """Ids registered in this process alone, as a script registers its own env: one with
+    the class as entry point, one naming a class of ``__main__`` (which no worker
+    imports) and wrapped by a wrapper named there too. Dropped afterwards."""
     import sys
 
-    monkeypatch.setattr(sys.modules["__main__"], "AgentOnlyCounter", CounterEnv, raising=False)
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "AgentOnlyCounter", CounterEnv, raising=False)
+    monkeypatch.setattr(main, "AgentOnlyClip", gym.wrappers.ClipReward, raising=False)
+    clip = WrapperSpec("ClipReward", "__main__:AgentOnlyClip", {"min_reward": 0, "max_reward": 0.5})
     gym.register("AgentOnlyByClass-v0", entry_point=CounterEnv, kwargs={"env_index": 7})
-    gym.register("AgentOnlyByName-v0", entry_point="__main__:AgentOnlyCounter")
+    gym.register(
+        "AgentOnlyByName-v0", entry_point="__main__:AgentOnlyCounter", additional_wrappers=(clip,)
+    )
     yield "AgentOnlyByClass-v0", "AgentOnlyByName-v0"
     for env_id in ("AgentOnlyByClass-v0", "AgentOnlyByName-v0"):
         gym.registry.pop(env_id, None)
@@ -256,14 +262,47 @@ def agent_only_ids(monkeypatch):
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 def test_an_id_registered_in_the_agent_alone_builds_in_fresh_workers(agent_only_ids, context):
     # As gymnasium.make_vec does, make() hands the workers the registry's spec, not the
-    # id: a worker started fresh (spawn, forkserver, a Ray actor) never saw the
-    # registration, and never imports the agent's __main__.
-    by_class, by_name = agent_only_ids
+    # id: a worker started fresh (spawn, forkserver) never saw the registration.
+    by_class, _ = agent_only_ids
     with aiovec.make(by_class, 2, backend="process", context=context) as venv:
         observations, _ = venv.reset(seed=0)
         assert observations[:, 0].tolist() == [7.0, 7.0]
         assert venv.spec.id == by_class
-    with aiovec.make(by_name, 2, backend="process", context=context) as venv:
-        venv.reset(seed=0)
-        observations, *_ = venv.step(np.zeros(2, dtype=np.int64))
-        assert observations[:, 1].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_names_in_the_agents_main_reach_the_workers_and_specs_stay_the_registrys(
+    agent_only_ids, backend
+):
+    # The zygote's workers never import the agent's __main__: the objects its
+    # registrations name there (an env, a wrapper) are sent along; the envs' specs are
+    # the registry's, entry points as registered.
+    _, by_name = agent_only_ids
+    factories = [partial(gym.make, by_name)]
+    for venv in (
+        aiovec.make(by_name, 2, backend=backend),
+        aiovec.VecEnv(factories * 2, backend=backend),
+    ):
+        with venv:
+            venv.reset(seed=0)
+            _, rewards, *_ = venv.step(np.zeros(2, dtype=np.int64))
+            assert rewards.tolist() == [0.5, 0.5]  # 1.0, clipped by the named wrapper
+            assert {spec.entry_point for spec in venv.get_attr("spec")} == {
+                "__main__:AgentOnlyCounter"
+            }
+
+
+def test_a_module_colon_id_imports_the_module_as_gymnasium_make_does(tmp_path, monkeypatch):
+    (tmp_path / "aiovec_tmp_registering.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('TmpModuleCounter-v0', entry_point='tests.envs:CounterEnv')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with aiovec.make("aiovec_tmp_registering:TmpModuleCounter-v0", 2) as venv:
+            assert venv.reset(seed=0)[0].shape == (2, 2)
+            assert venv.spec.id == "TmpModuleCounter-v0"
+        with pytest.raises(ModuleNotFoundError, match="aiovec_no_such_module"):
+            aiovec.make("aiovec_no_such_module:Nothing-v0", 2)
+    finally:
+        gym.registry.pop("TmpModuleCounter-v0", None)

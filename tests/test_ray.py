@@ -503,3 +503,16 @@ def test_an_unguarded_script_runs_on_the_ray_backend(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "by name [1.0, 1.0]" in result.stdout
     assert "factories [-1.0, -1.0]" in result.stdout
+
+
+def test_a_registration_that_cannot_travel_is_a_clear_error_before_any_actor_starts():
+    import threading
+
+    gym.register(
+        "RayLockedCounter-v0", entry_point=CounterEnv, kwargs={"env_index": threading.Lock()}
+    )
+    try:
+        with pytest.raises(aiovec.FactoryPicklingError, match="RayLockedCounter-v0.*Ray actor"):
+            aiovec.make("RayLockedCounter-v0", 2, backend="ray")
+    finally:
+        gym.registry.pop("RayLockedCounter-v0", None)

@@ -4,18 +4,19 @@ A worker forked by aiovec's zygote, one started by multiprocessing's ``spawn`` o
 ``forkserver``, and a Ray actor each begin as a fresh interpreter: an id the agent
 registered (in a script, a notebook, or a module the worker never imports) is unknown
 there, and an entry point naming an object of the agent's ``__main__``
-(``"__main__:Env"``) cannot be loaded there, since a worker never imports the agent's
-main module. ``gymnasium.make_vec`` hands its workers the registry's spec rather than the
-id; aiovec does the same, and also installs the agent's registrations in its workers, so
-that a factory calling ``gymnasium.make("MyEnv-v0")`` builds there too.
+(``"__main__:MyEnv"``, an env, a vector env or a wrapper) names nothing there, since a
+worker never imports the agent's main module. ``gymnasium.make_vec`` hands its workers
+the registry's spec rather than the id, and so does ``aiovec.make``; the zygote's workers
+and Ray's actors also get the agent's registrations, with the objects of its ``__main__``
+that they name, so that a factory calling ``gymnasium.make("MyEnv-v0")`` builds there
+too. Specs travel unchanged: an env's ``spec`` is the registry's, in a worker as here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import gymnasium
@@ -24,19 +25,11 @@ from gymnasium.envs.registration import EnvSpec
 _MAIN = "__main__:"
 
 
-def portable(spec: EnvSpec) -> EnvSpec:
-    """``spec`` as another process can build it: each entry point that names an object
-    of this process's ``__main__`` is replaced by that object (which then travels by
-    value); ``spec`` itself when there is none."""
-    changes: dict[str, Any] = {}
-    main = sys.modules.get("__main__")
-    for field in ("entry_point", "vector_entry_point"):
-        entry_point = getattr(spec, field)
-        if isinstance(entry_point, str) and entry_point.startswith(_MAIN):
-            target = getattr(main, entry_point[len(_MAIN) :], None)
-            if target is not None:
-                changes[field] = target
-    return dataclasses.replace(spec, **changes) if changes else spec
+class _MainObject(NamedTuple):
+    """An object of the agent's ``__main__`` that a registration names."""
+
+    name: str
+    value: Any
 
 
 def shown(argument: Any) -> str:
@@ -44,32 +37,54 @@ def shown(argument: Any) -> str:
     return repr(argument.id if isinstance(argument, EnvSpec) else argument)
 
 
-def agent_specs(known: Mapping[str, Any] | None = None) -> list[bytes]:
-    """This process's registrations that ``known`` (another process's registry) lacks
-    or holds otherwise (every one when ``known`` is ``None``), :func:`portable` and
-    pickled one by one. A spec that cannot be pickled is left out: building its id
-    elsewhere then says that the id is unknown."""
+def agent_registrations(known: Mapping[str, Any] | None = None) -> list[bytes]:
+    """What another process needs to build this process's registered ids, each item
+    pickled on its own: the specs that ``known`` (that process's registry) lacks or
+    holds otherwise (every spec when ``known`` is ``None``), and the objects of this
+    process's ``__main__`` that any spec names. Anything that cannot be pickled is left
+    out: building what needs it there then says what is missing."""
     pickled = []
+    names: set[str] = set()
     for env_id, spec in gymnasium.registry.items():
-        spec = portable(spec)
+        names.update(_main_names(spec))
         if known is not None and known.get(env_id) == spec:
             continue
         try:
             pickled.append(cloudpickle.dumps(spec))
-        except Exception:  # an entry point that cannot travel
+        except Exception:  # an entry point or a keyword that cannot travel
             continue
+    main = sys.modules.get("__main__")
+    for name in sorted(names):
+        if hasattr(main, name):
+            try:  # defined in __main__: pickled by value
+                pickled.append(cloudpickle.dumps(_MainObject(name, getattr(main, name))))
+            except Exception:
+                continue
     return pickled
 
 
 def install(pickled: Iterable[bytes]) -> None:
-    """Register specs from :func:`agent_specs` in this process, each unless it is
-    registered the same way already. One that cannot be unpickled here (its module is
-    not installed on this machine) is skipped: building its id says what is missing."""
+    """Install what :func:`agent_registrations` gave in this process: each spec unless
+    registered the same way already, each object of the agent's ``__main__`` in this
+    process's ``__main__``. An item that cannot be unpickled here (its module is not
+    installed on this machine) is skipped: building what needs it says what is missing."""
     registry = gymnasium.registry
+    main = sys.modules["__main__"]
     for blob in pickled:
         try:
-            spec = cloudpickle.loads(blob)
+            item = cloudpickle.loads(blob)
         except Exception:
             continue
-        if registry.get(spec.id) != spec:
-            registry[spec.id] = spec
+        if isinstance(item, _MainObject):
+            setattr(main, item.name, item.value)
+        elif registry.get(item.id) != item:
+            registry[item.id] = item
+
+
+def _main_names(spec: EnvSpec) -> Iterable[str]:
+    """The names of ``__main__`` objects that ``spec`` refers to by entry point."""
+    entry_points = [spec.entry_point, spec.vector_entry_point]
+    entry_points += [wrapper.entry_point for wrapper in spec.additional_wrappers]
+    for entry_point in entry_points:
+        if isinstance(entry_point, str) and entry_point.startswith(_MAIN):
+            yield entry_point[len(_MAIN) :]

@@ -41,7 +41,7 @@ from typing import Any, cast
 
 import cloudpickle
 
-from aiovec._worker.registrations import agent_specs, install
+from aiovec._worker.registrations import agent_registrations, install
 
 _HEADER = struct.Struct("<I")
 
@@ -163,7 +163,7 @@ class Zygote:
     ) -> ZygoteProcess:
         """Fork ``target(sock, *args, **kwargs)`` from the zygote; its process handle."""
         # Unpickled in the worker only (after sys.path is set), never in the zygote.
-        blob = cloudpickle.dumps((target, args, kwargs or {}, agent_specs(self._registry)))
+        blob = cloudpickle.dumps((target, args, kwargs or {}, agent_registrations(self._registry)))
         # multiprocessing's authkey too: proxies of a Manager (a shared Value, Barrier)
         # captured by a factory must connect to it from the worker.
         authkey = bytes(multiprocessing.current_process().authkey)

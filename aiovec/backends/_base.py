@@ -11,8 +11,9 @@ import abc
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+import cloudpickle
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
@@ -22,6 +23,7 @@ from aiovec._transport.protocol import EnvCommand, Reply
 from aiovec._worker.blocks import build_host
 from aiovec._worker.host import EnvBuildError, EnvDescription, EnvHost
 from aiovec.async_env import AsyncEnv
+from aiovec.errors import FactoryPicklingError
 
 
 class AsyncEnvsHereError(TypeError):
@@ -212,6 +214,28 @@ def group_factories(
 ) -> dict[int, Callable[[], Any]]:
     """The factories of ``group``'s units, keyed by each unit's first env id."""
     return {env_id: env_fns[env_id // unit_size] for env_id in group[::unit_size]}
+
+
+def pickle_factories(
+    env_fns: dict[int, Callable[[], Any]], advice: str = "", destination: str = "a worker process"
+) -> bytes:
+    """The factories as bytes to send to ``destination``, or a FactoryPicklingError
+    naming the culprit (``advice``: what else this backend offers, after "or")."""
+    try:
+        return cast(bytes, cloudpickle.dumps(env_fns))
+    except Exception:
+        pass
+    for env_id, env_fn in env_fns.items():
+        try:
+            cloudpickle.dumps(env_fn)
+        except Exception as exc:
+            raise FactoryPicklingError(
+                f"the factory of env {env_id} ({env_fn!r}) cannot be pickled to send it to "
+                f"{destination}: {type(exc).__name__}: {exc}. Make the factory capture only "
+                "picklable values (create locks, files, sockets and clients inside the env), "
+                f"or use backend='inline' to keep envs in this process{advice}."
+            ) from exc
+    raise AssertionError("unreachable: every factory pickled on its own")
 
 
 class LocalBackend(Backend):

@@ -54,10 +54,11 @@ from aiovec.backends._base import (
     WorkerExit,
     WorkerGone,
     group_factories,
+    pickle_factories,
     refuse_async_envs,
     split_groups,
 )
-from aiovec.errors import FactoryPicklingError, StartupTimeoutError, WorkerCrashedError
+from aiovec.errors import StartupTimeoutError, WorkerCrashedError
 
 STARTUP_HINT = "it died while building its envs"
 #: With multiprocessing's spawn/forkserver, the likeliest cause of such a death.
@@ -112,25 +113,11 @@ def _check_main_importable() -> None:
         )
 
 
-def pickle_factories(env_fns: dict[int, Callable[[], gym.Env]]) -> bytes:
-    """The factories as bytes for a worker, or a FactoryPicklingError naming the culprit."""
-    try:
-        return cast(bytes, cloudpickle.dumps(env_fns))
-    except Exception:
-        pass
-    for env_id, env_fn in env_fns.items():
-        try:
-            cloudpickle.dumps(env_fn)
-        except Exception as exc:
-            raise FactoryPicklingError(
-                f"the factory of env {env_id} ({env_fn!r}) cannot be pickled to send it to a "
-                f"worker process: {type(exc).__name__}: {exc}. Make the factory capture only "
-                "picklable values (create locks, files, sockets and clients inside the env), "
-                "or use backend='inline' to keep envs in this process, or context='fork' "
-                "(workers forked from this process inherit their factories, as "
-                "AsyncVectorEnv's do on Linux; unsafe if this process runs threads)."
-            ) from exc
-    raise AssertionError("unreachable: every factory pickled on its own")
+#: What else a factory that cannot be pickled can do on this backend.
+_FORK_ADVICE = (
+    ", or context='fork' (workers forked from this process inherit their factories, as "
+    "AsyncVectorEnv's do on Linux; unsafe if this process runs threads)"
+)
 
 
 class ProcessBackend(Backend):
@@ -187,7 +174,7 @@ class ProcessBackend(Backend):
         self._payloads: list[bytes | dict[int, Callable[[], gym.Env]]] = [
             group_factories(env_fns, group, size)
             if context == "fork"
-            else pickle_factories(group_factories(env_fns, group, size))
+            else pickle_factories(group_factories(env_fns, group, size), _FORK_ADVICE)
             for group in self.groups
         ]
         self._envs_per_block = envs_per_block

@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-import cloudpickle
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
@@ -41,13 +40,14 @@ from aiovec._transport.channel import Channel
 from aiovec._transport.protocol import EnvCommand, Step, encode, to_wire, wire_command
 from aiovec._transport.spaces import read_rows, write_rows
 from aiovec._worker.host import EnvDescription
-from aiovec._worker.registrations import agent_specs
+from aiovec._worker.registrations import agent_registrations
 from aiovec.backends._base import (
     Backend,
     Wakeup,
     WorkerEvent,
     WorkerExit,
     group_factories,
+    pickle_factories,
     split_groups,
 )
 from aiovec.backends._ray_actor import TOKEN_SIZE, EnvActor, answer_decoder
@@ -113,12 +113,14 @@ class RayBackend(Backend):
         self.num_workers = num_workers
         self._envs_per_block = envs_per_block
         self._factories = [
-            cloudpickle.dumps(group_factories(env_fns, group, envs_per_block or 1))
+            pickle_factories(
+                group_factories(env_fns, group, envs_per_block or 1), destination="a Ray actor"
+            )
             for group in self.groups
         ]
         # An actor is a fresh interpreter: it gets the ids registered here (see
         # aiovec._worker.registrations), every one, as its registry cannot be known from here.
-        self._registrations = agent_specs()
+        self._registrations = agent_registrations()
         self._autoreset_mode = autoreset_mode
         self._max_restarts = max_restarts
         self._cpus_per_actor = options.pop("num_cpus", 1)
