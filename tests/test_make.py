@@ -306,3 +306,20 @@ def test_a_module_colon_id_imports_the_module_as_gymnasium_make_does(tmp_path, m
             aiovec.make("aiovec_no_such_module:Nothing-v0", 2)
     finally:
         gym.registry.pop("TmpModuleCounter-v0", None)
+
+
+def test_a_registration_that_cannot_reach_a_worker_says_so_there(monkeypatch):
+    # Its kwargs cannot be pickled: a factory calling gymnasium.make on it in a worker
+    # gets why, not Gymnasium's "doesn't exist" (nor, for an id registered there
+    # already, the worker's older registration).
+    import threading
+
+    gym.register("LockedKwargs-v0", entry_point=CounterEnv, kwargs={"delay": threading.Lock()})
+    try:
+        with pytest.raises(
+            aiovec.EnvError, match=r"LockedKwargs-v0 is registered.*cannot"
+        ) as caught:
+            aiovec.VecEnv([partial(gym.make, "LockedKwargs-v0")] * 2, backend="process")
+        assert "lock" in str(caught.value)
+    finally:
+        gym.registry.pop("LockedKwargs-v0", None)

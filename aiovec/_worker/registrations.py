@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -32,6 +33,22 @@ class _MainObject(NamedTuple):
     value: Any
 
 
+class _Unsendable(NamedTuple):
+    """A registration of the agent's that could not be pickled, and why."""
+
+    env_id: str
+    reason: str
+
+
+def _refuse(env_id: str, reason: str, **kwargs: Any) -> Any:
+    """The entry point an unsendable registration gets in a worker: building it says why."""
+    raise TypeError(
+        f"{env_id} is registered in the agent's process, but its registration cannot be "
+        f"sent to this worker ({reason}): give it picklable kwargs and entry points, or "
+        "use backend='inline' to build its envs in the agent's process"
+    )
+
+
 def shown(argument: Any) -> str:
     """How a factory's repr shows one of its arguments: a spec by its id."""
     return repr(argument.id if isinstance(argument, EnvSpec) else argument)
@@ -41,8 +58,9 @@ def agent_registrations(known: Mapping[str, Any] | None = None) -> list[bytes]:
     """What another process needs to build this process's registered ids, each item
     pickled on its own: the specs that ``known`` (that process's registry) lacks or
     holds otherwise (every spec when ``known`` is ``None``), and the objects of this
-    process's ``__main__`` that any spec names. Anything that cannot be pickled is left
-    out: building what needs it there then says what is missing."""
+    process's ``__main__`` that any spec names. A spec that cannot be pickled is sent
+    as a stand-in that raises why when built; an object of ``__main__`` that cannot be
+    is left out (building what names it there then says it is missing)."""
     pickled = []
     names: set[str] = set()
     for env_id, spec in gymnasium.registry.items():
@@ -51,8 +69,9 @@ def agent_registrations(known: Mapping[str, Any] | None = None) -> list[bytes]:
             continue
         try:
             pickled.append(cloudpickle.dumps(spec))
-        except Exception:  # an entry point or a keyword that cannot travel
-            continue
+        except Exception as exc:  # an entry point or a keyword that cannot travel
+            reason = f"{type(exc).__name__}: {exc}"
+            pickled.append(cloudpickle.dumps(_Unsendable(env_id, reason)))
     main = sys.modules.get("__main__")
     for name in sorted(names):
         if hasattr(main, name):
@@ -77,6 +96,8 @@ def install(pickled: Iterable[bytes]) -> None:
             continue
         if isinstance(item, _MainObject):
             setattr(main, item.name, item.value)
+        elif isinstance(item, _Unsendable):  # not the id unknown, nor an older spec of it
+            registry[item.env_id] = EnvSpec(item.env_id, partial(_refuse, item.env_id, item.reason))
         elif registry.get(item.id) != item:
             registry[item.id] = item
 
