@@ -189,6 +189,11 @@ def check_count(name: str, value: Any, minimum: int, *, none_ok: bool = False) -
         raise ValueError(wanted)
 
 
+def _bool_as_int(seed: Any) -> Any:
+    """A Python bool seed as the int it equals (Gymnasium's envs take ``True`` as 1)."""
+    return int(seed) if type(seed) is bool else seed
+
+
 def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
     """One seed (a Python int, or None) per env, from what ``reset(seed=...)`` accepts:
     ``None``, a non-negative int of any size (env ``i`` gets ``seed + i``), or one int or
@@ -200,8 +205,7 @@ def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
     """
     if seed is None:
         return [None] * num_envs
-    if type(seed) is bool:  # an int to Gymnasium's envs: True seeds as 1
-        seed = int(seed)
+    seed = _bool_as_int(seed)
     if is_int(seed):
         if seed < 0:
             raise InvalidSeedError(f"seed must be a non-negative int, got {seed!r}")
@@ -218,8 +222,7 @@ def env_seeds(seed: Any, num_envs: int) -> list[int | None]:
             f"but got length={len(seeds)}."
         )
     for index, item in enumerate(seeds):
-        if type(item) is bool:
-            seeds[index] = item = int(item)
+        seeds[index] = item = _bool_as_int(item)
         if item is not None and not (is_int(item) and item >= 0):
             raise InvalidSeedError(
                 f"seed[{index}] is {item!r}: each seed must be None or a non-negative int"

@@ -119,6 +119,16 @@ MAIN_MODULE_WALKER = textwrap.dedent(
 )
 
 
+def voluntary_switches(pid: int, thread: int) -> int:
+    """How many times thread ``thread`` of process ``pid`` blocked of its own accord
+    (Linux's ``voluntary_ctxt_switches``): each time it waited and was woken."""
+    with open(f"/proc/{pid}/task/{thread}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
 def run_python(source: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``source`` with ``python -c`` from the repository root (so that it can import
     ``tests``), with its output captured."""

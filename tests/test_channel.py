@@ -11,6 +11,7 @@ import time
 import pytest
 
 from aiovec._transport.channel import Channel
+from tests.helpers import voluntary_switches
 
 
 def test_a_non_blocking_socket_with_a_full_buffer_still_sends_whole_frames():
@@ -108,14 +109,6 @@ async def test_a_large_frame_to_a_worker_that_does_not_read_never_blocks_the_age
 # --- a blocked receive is woken by input alone ------------------------------------------------
 
 
-def _voluntary_switches(native_id: int) -> int:
-    with open(f"/proc/self/task/{native_id}/status") as status:
-        for line in status:
-            if line.startswith("voluntary_ctxt_switches"):
-                return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches line")
-
-
 def _blocked(native_id: int) -> bool:
     with open(f"/proc/self/task/{native_id}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0] == "S"
@@ -147,12 +140,12 @@ def test_a_blocked_receive_is_not_woken_when_the_other_end_reads_what_this_end_s
     deadline = time.monotonic() + 10
     while not _blocked(thread) and time.monotonic() < deadline:
         time.sleep(0.001)
-    before = _voluntary_switches(thread)
+    before = voluntary_switches(os.getpid(), thread)
     for index in range(50):  # replies the other end reads while this end waits
         channel.send_frames([bytes([index]) * 100])
         assert other.receive() == bytes([index]) * 100
         time.sleep(0.002)  # a woken waiter would have run by now
-    woken = _voluntary_switches(thread) - before
+    woken = voluntary_switches(os.getpid(), thread) - before
     other.send(b"command")
     waiter.join(timeout=10)
     assert received == [b"command"]

@@ -22,7 +22,7 @@ import aiovec
 from tests.conftest import worker_pids
 from tests.envs import CounterEnv
 from tests.faulty import FaultyEnv
-from tests.helpers import random_traffic
+from tests.helpers import random_traffic, voluntary_switches
 
 # concurrent_envs=True: the envs are served by threads from the first command on.
 THREADED = {"num_workers": 1, "concurrent_envs": True}
@@ -255,14 +255,6 @@ def test_the_receiving_thread_never_preempts_the_agent_and_env_threads_keep_thei
     assert {policies[thread] for thread in env_thread_ids} == {os.SCHED_OTHER}
 
 
-def _voluntary_switches(pid: int, thread: int) -> int:
-    with open(f"/proc/{pid}/task/{thread}/status") as status:
-        for line in status:
-            if line.startswith("voluntary_ctxt_switches"):
-                return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches line")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc task counters")
 async def test_a_waiting_worker_is_not_woken_by_the_agent_reading_its_replies():
     """Stepping first-ready one env at a time (steps on the envs' lines), the worker's
@@ -276,12 +268,12 @@ async def test_a_waiting_worker_is_not_woken_by_the_agent_reading_its_replies():
         for _ in range(20):  # warm: the lines in use
             batch = await venv.recv(1)
             venv.send(np.zeros(1, dtype=np.int64), batch.env_ids)
-        before = _voluntary_switches(pid, pid)
+        before = voluntary_switches(pid, pid)
         steps = 300
         for _ in range(steps):
             batch = await venv.recv(1)
             venv.send(np.zeros(1, dtype=np.int64), batch.env_ids)
-        woken = _voluntary_switches(pid, pid) - before
+        woken = voluntary_switches(pid, pid) - before
         await venv.recv(min_envs=2)
     assert woken <= steps // 10, f"woken {woken} times over {steps} steps"
 
