@@ -12,6 +12,11 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec, VectorizeMode
 
+try:  # private, but it is how gymnasium.make and make_vec find an id's spec
+    from gymnasium.envs.registration import _find_spec
+except ImportError:  # a Gymnasium without it: the public lookup (versions must be given)
+    _find_spec = None  # type: ignore[assignment]
+
 from aiovec._auto import choose_block_layout
 from aiovec._worker.blocks import BlockFactory
 from aiovec._worker.registrations import shown
@@ -43,27 +48,34 @@ class EnvFactory:
 
 
 def make(
+    # make_vec's parameters first, in its order and under its names (``id`` included)
     # a callable returns a gymnasium.Env (a VectorEnv under vector_entry_point)
-    env_id: str | EnvSpec | Callable[..., Any],
+    id: str | EnvSpec | Callable[..., Any] | None = None,
     num_envs: int = 1,
+    vectorization_mode: str | None = None,
+    vector_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = (),
     *,
     env_kwargs: dict[str, Any]
     | Sequence[dict[str, Any]]
     | Callable[[int], dict[str, Any]]
     | None = None,
-    wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = (),
     backend: str = "auto",
     render_mode: str | None = None,
-    vectorization_mode: str | None = None,
     envs_per_block: int | None = None,
-    vector_kwargs: dict[str, Any] | None = None,
     **options: Any,
 ) -> VecEnv:
     """Create ``num_envs`` copies of an env as one :class:`VecEnv`.
 
+    Takes ``gymnasium.make_vec``'s arguments, by name or in its order (``id``,
+    ``num_envs``, ``vectorization_mode``, ``vector_kwargs``, ``wrappers``), then
+    aiovec's own as keywords.
+
     Args:
-        env_id: a Gymnasium registry id (``"CartPole-v1"``, ``"module:Env-v0"``), an
-            ``EnvSpec``, or a callable returning a ``gymnasium.Env`` (an env class works).
+        id: a Gymnasium registry id (``"CartPole-v1"``, ``"module:Env-v0"``, or
+            ``"CartPole"`` for its latest version, as ``gymnasium.make_vec`` finds it),
+            an ``EnvSpec``, or a callable returning a ``gymnasium.Env`` (an env class
+            works). Also taken as ``env_id=``.
         num_envs: how many envs (1 when left out, as in ``gymnasium.make_vec``).
         env_kwargs: keyword arguments for ``gymnasium.make`` or for the callable: one dict
             for every env, a list with one dict per env, or a function from env index to
@@ -84,7 +96,7 @@ def make(
             *batched envs*, as in ``gymnasium.make_vec``. Each block of
             ``envs_per_block`` rows is one ``gymnasium.vector.VectorEnv`` stepped in one
             call: from the registry's vector entry point for an id (CartPole-v1 has
-            one), or ``env_id(num_envs=k, **env_kwargs)`` for a callable (your own
+            one), or ``id(num_envs=k, **env_kwargs)`` for a callable (your own
             numpy/torch-vectorized env or learned model). ``env_kwargs`` is then per
             *block* (one dict, a list with one dict per block, or a function of the
             block index) and ``wrappers`` are vector wrappers applied to each block. See
@@ -119,6 +131,7 @@ def make(
         ...     observations.shape
         (4, 4)
     """
+    env_id = _the_id(id, options)
     wrappers = wrappers or ()  # None, as gymnasium.make_vec takes it
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
@@ -134,8 +147,7 @@ def make(
         make_env, args = env_id, ()
     else:
         raise TypeError(
-            "env_id must be a Gymnasium id, an EnvSpec or a callable returning an env, "
-            f"got {env_id!r}"
+            f"id must be a Gymnasium id, an EnvSpec or a callable returning an env, got {env_id!r}"
         )
     if isinstance(vectorization_mode, VectorizeMode):
         vectorization_mode = vectorization_mode.value
@@ -180,12 +192,27 @@ def make(
     return venv
 
 
+def _the_id(id: Any, options: dict[str, Any]) -> Any:
+    """The env :func:`make` was asked for: ``id``, or ``env_id`` (its earlier name),
+    taken out of ``options``."""
+    if "env_id" in options:
+        if id is not None:
+            raise TypeError("make() got both id and env_id: give the env once")
+        return options.pop("env_id")
+    if id is None:
+        raise TypeError("make() missing the env: make(id, num_envs), as gymnasium.make_vec")
+    return id
+
+
 def registry_spec(env_id: str | EnvSpec) -> EnvSpec:
     """The registry's spec for ``env_id``, found as ``gymnasium.make`` finds it: for
-    ``"module:Env-v0"`` the module is imported first (importing it registers the id).
-    An unknown id raises Gymnasium's error, with its suggestions."""
+    ``"module:Env-v0"`` the module is imported first (importing it registers the id),
+    and an id without a version is its latest version (with Gymnasium's warning). An
+    unknown id raises Gymnasium's error, with its suggestions."""
     if isinstance(env_id, EnvSpec):
         return env_id
+    if _find_spec is not None:  # Gymnasium's own lookup, the one make and make_vec use
+        return _find_spec(env_id)
     module, _, name = env_id.rpartition(":")
     if module:
         importlib.import_module(module)

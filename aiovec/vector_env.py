@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -690,7 +690,7 @@ class VecEnv(SplitCalls, VectorEnv):
                     f"per-env options must have one dict per env ({self.num_envs}), "
                     f"got {len(options)}"
                 )
-        elif options is not None:
+        elif isinstance(options, Mapping):
             options = dict(options)  # never modify the caller's dict
             if "reset_mask" in options:
                 env_ids = reset_mask_ids(options.pop("reset_mask"), self.num_envs)

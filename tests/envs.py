@@ -106,3 +106,46 @@ class SettingsEnv(CounterEnv):
     def __init__(self, env_index: int = 0) -> None:
         super().__init__(env_index)
         self.level = SETTINGS["level"]
+
+
+class DuckEnv:
+    """Gymnasium's env API without subclassing ``gymnasium.Env`` (Gymnasium's vector envs
+    take such envs): observation ``[seeded draw, step]``, episodes of 3 steps."""
+
+    metadata: dict = {"render_modes": []}
+    render_mode = None
+    spec = None
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float64)
+        self.action_space = spaces.Discrete(2)
+        self.rng = np.random.default_rng(0)
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.steps = 0
+        return np.array([self.rng.random(), 0.0]), {}
+
+    def step(self, action):
+        self.steps += 1
+        observation = np.array([self.rng.random(), float(self.steps)])
+        return observation, float(action), self.steps >= 3, False, {"steps": self.steps}
+
+    def close(self) -> None:
+        pass
+
+    def get_wrapper_attr(self, name):
+        return getattr(self, name)
+
+    def set_wrapper_attr(self, name, value, *, force=True):
+        setattr(self, name, value)
+
+
+class OptionsEcho(CounterEnv):
+    """A ``CounterEnv`` whose reset info holds the ``options`` it was given."""
+
+    def reset(self, *, seed=None, options=None):
+        observation, _ = super().reset(seed=seed, options=options)
+        return observation, {"options": options}

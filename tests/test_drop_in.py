@@ -559,3 +559,63 @@ def test_the_attributes_asyncvectorenv_code_reads_are_there():
         assert venv.daemon is False
     with aiovec.VecEnv(env_fns, backend="inline") as venv:
         assert venv.shared_memory is True and venv.context is None and venv.daemon is True
+
+
+def test_an_env_with_gymnasiums_api_need_not_subclass_gymnasium_env(backend):
+    """Gymnasium's vector envs step any object with the env API (duck typing)."""
+    import gymnasium as gym
+
+    import aiovec
+    from tests.envs import DuckEnv
+
+    expected = gym.vector.SyncVectorEnv([DuckEnv] * 2)
+    with aiovec.VecEnv([DuckEnv] * 2, backend=backend) as venv:
+        for got, want in zip(venv.reset(seed=[1, 2]), expected.reset(seed=[1, 2])):
+            np.testing.assert_equal(got, want)
+        for step in range(5):
+            actions = np.array([step % 2, 1])
+            for got, want in zip(venv.step(actions), expected.step(actions)):
+                np.testing.assert_equal(got, want)
+        assert venv.get_attr("steps") == expected.get_attr("steps")
+    expected.close()
+
+
+@pytest.mark.parametrize(
+    "made, named",
+    [(lambda: None, "NoneType"), (lambda: (1, 2), "tuple")],
+    ids=["None", "tuple"],
+)
+def test_a_factory_returning_no_env_is_refused_naming_what_it_returned(made, named):
+    import aiovec
+
+    with pytest.raises(aiovec.EnvError, match=f"returned {named}, not a gymnasium.Env"):
+        aiovec.VecEnv([made, made], backend="inline")
+
+
+def test_a_factory_returning_a_vector_env_is_pointed_to_batched_envs():
+    import gymnasium as gym
+
+    import aiovec
+
+    def vector_env():
+        return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+
+    with pytest.raises(aiovec.EnvError, match="envs_per_block"):
+        aiovec.VecEnv([vector_env], backend="inline")
+
+
+@pytest.mark.parametrize("options", ["hard", frozenset({"level-2"})], ids=["str", "set"])
+def test_reset_options_that_are_no_dict_reach_every_env_as_given(backend, options):
+    """Gymnasium passes any ``options`` value on to each env; aiovec splits only a list
+    or tuple (one entry per env: see the differences table)."""
+    import gymnasium as gym
+
+    import aiovec
+    from tests.envs import OptionsEcho
+
+    expected = gym.vector.SyncVectorEnv([OptionsEcho] * 2)
+    with aiovec.VecEnv([OptionsEcho] * 2, backend=backend) as venv:
+        _, infos = venv.reset(seed=0, options=options)
+        _, expected_infos = expected.reset(seed=0, options=options)
+        assert list(infos["options"]) == list(expected_infos["options"]) == [options] * 2
+    expected.close()

@@ -236,6 +236,36 @@ def test_num_envs_defaults_to_one_and_an_env_spec_is_taken_as_make_vec_takes_the
         expected.close()
 
 
+def test_an_unversioned_id_is_its_latest_version_as_make_vec_finds_it():
+    with pytest.warns(UserWarning, match="Using the latest versioned environment `CartPole-v1`"):
+        expected = gym.make_vec("CartPole", 2, vectorization_mode="sync")
+    with pytest.warns(UserWarning, match="Using the latest versioned environment `CartPole-v1`"):
+        envs = aiovec.make("CartPole", 2, backend="inline")
+    with envs:
+        assert envs.spec.id == expected.spec.id == "CartPole-v1"
+        np.testing.assert_array_equal(envs.reset(seed=3)[0], expected.reset(seed=3)[0])
+    expected.close()
+    with pytest.raises(gym.error.Error) as gymnasiums:
+        gym.make_vec("NoSuchEnv", 2)
+    with pytest.raises(type(gymnasiums.value), match=str(gymnasiums.value)):
+        aiovec.make("NoSuchEnv", 2, backend="inline")
+
+
+def test_make_takes_make_vecs_arguments_by_name_and_by_position():
+    by_name = aiovec.make(id="FrozenLake-v1", num_envs=2, backend="inline", is_slippery=False)
+    by_position = aiovec.make("FrozenLake-v1", 2, "sync", {}, None, backend="inline")
+    by_old_name = aiovec.make(env_id="FrozenLake-v1", num_envs=2, backend="inline")
+    for envs in (by_name, by_position, by_old_name):
+        with envs:
+            assert envs.num_envs == 2 and envs.spec.id == "FrozenLake-v1"
+    assert by_name.spec.kwargs["is_slippery"] is False
+    assert by_position.spec.kwargs["vectorization_mode"] == "sync"
+    with pytest.raises(TypeError, match="both"):
+        aiovec.make("CartPole-v1", 2, env_id="CartPole-v1")
+    with pytest.raises(TypeError, match="missing"):
+        aiovec.make(num_envs=2)
+
+
 # --- ids registered in the agent only ---------------------------------------------------------
 
 

@@ -156,17 +156,37 @@ class EnvBuildError(Exception):
         self.info = info
 
 
+#: What an object needs to be stepped as an env: Gymnasium's vector envs take any object
+#: with the env API (duck typing), so a gymnasium.Env subclass is not required either.
+_ENV_API = ("reset", "step", "observation_space", "action_space")
+
+
+def check_env_type(env: Any) -> None:
+    """Raise a ``TypeError`` naming what a factory returned if it cannot be stepped as
+    one env: it lacks the env API, or it is a whole vector env."""
+    if isinstance(env, gym.vector.VectorEnv):
+        raise TypeError(
+            f"the env factory returned {type(env).__name__}, a vector env of "
+            f"{getattr(env, 'num_envs', '?')} envs; a factory creates one env. For envs "
+            "that step a batch in one call, use aiovec.make(..., envs_per_block=k) or "
+            "VecEnv(..., envs_per_block=k)"
+        )
+    if not isinstance(env, (gym.Env, AsyncEnv)) and not all(hasattr(env, a) for a in _ENV_API):
+        missing = [a for a in _ENV_API if not hasattr(env, a)]
+        raise TypeError(
+            f"the env factory returned {type(env).__name__}, not a gymnasium.Env (or "
+            f"aiovec.AsyncEnv), nor an object with the env API (it has no "
+            f"{', '.join(missing)}); it must be a callable that creates one env"
+        )
+
+
 def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
     """Call each factory; on the first failure close what was built and raise EnvBuildError."""
     envs: dict[int, gym.Env] = {}
     for env_id, env_fn in env_fns.items():
         try:
             env = env_fn()
-            if not isinstance(env, (gym.Env, AsyncEnv)):
-                raise TypeError(
-                    f"the env factory returned {type(env).__name__}, not a gymnasium.Env "
-                    "(or aiovec.AsyncEnv); it must be a callable that creates one env"
-                )
+            check_env_type(env)
         except env_errors() as exc:
             for built in envs.values():
                 _close_quietly(built)
@@ -188,8 +208,13 @@ class EnvDescription(NamedTuple):
 
 def describe(env: gym.Env[Any, Any]) -> EnvDescription:
     """The :class:`EnvDescription` of ``env``."""
+    # An env with the API but not subclassing gymnasium.Env may lack the optional parts.
     return EnvDescription(
-        env.observation_space, env.action_space, dict(env.metadata), env.render_mode, env.spec
+        env.observation_space,
+        env.action_space,
+        dict(getattr(env, "metadata", {})),
+        getattr(env, "render_mode", None),
+        getattr(env, "spec", None),
     )
 
 
