@@ -91,8 +91,11 @@ def make(
         render_mode: each env's render mode (``"rgb_array"``, ...), as in
             ``gymnasium.make_vec``: passed to ``gymnasium.make`` (or to the callable, as a
             keyword). ``venv.render()`` returns one frame per env.
-        vectorization_mode: ``None``, ``"sync"`` or ``"async"`` (the default: one env
-            per copy; the backend decides where they run), or ``"vector_entry_point"``:
+        vectorization_mode: ``None`` (the default: one env per copy, run where
+            ``backend`` puts them), ``"async"`` (one env per copy, each in a worker
+            process, as ``AsyncVectorEnv``: ``backend="process"`` unless a backend is
+            named), ``"sync"`` (in this process, as ``SyncVectorEnv``:
+            ``backend="inline"`` unless a backend is named), or ``"vector_entry_point"``:
             *batched envs*, as in ``gymnasium.make_vec``. Each block of
             ``envs_per_block`` rows is one ``gymnasium.vector.VectorEnv`` stepped in one
             call: from the registry's vector entry point for an id (CartPole-v1 has
@@ -156,6 +159,10 @@ def make(
             "vectorization_mode must be None, 'sync', 'async' or 'vector_entry_point', "
             f"got {vectorization_mode!r}"
         )
+    if backend == "auto" and vectorization_mode in _MODE_BACKENDS:
+        # Where make_vec steps them: "async" is AsyncVectorEnv (every env in a worker
+        # process, so a crashing env cannot take this one down), "sync" SyncVectorEnv.
+        backend = _MODE_BACKENDS[vectorization_mode]
     env_extra = {key: options.pop(key) for key in list(options) if key not in _VECENV_OPTIONS}
     for key in options.keys() & (vector_kwargs or {}).keys():
         raise ValueError(f"{key!r} is given twice, in vector_kwargs and as a keyword: give it once")
@@ -218,6 +225,9 @@ def registry_spec(env_id: str | EnvSpec) -> EnvSpec:
         importlib.import_module(module)
     return gym.spec(name)
 
+
+#: The backend a ``vectorization_mode`` of ``gymnasium.make_vec`` stands for.
+_MODE_BACKENDS = {"async": "process", "sync": "inline"}
 
 #: The keywords :func:`make` passes to :class:`VecEnv`; any other is the env's.
 _VECENV_OPTIONS = frozenset(inspect.signature(VecEnv.__init__).parameters) - {"self", "env_fns"}

@@ -251,6 +251,20 @@ def test_an_unversioned_id_is_its_latest_version_as_make_vec_finds_it():
         aiovec.make("NoSuchEnv", 2, backend="inline")
 
 
+def test_vectorization_mode_sync_or_async_is_where_make_vec_steps_the_envs():
+    """``"async"`` keeps every env in worker processes (AsyncVectorEnv's isolation: a
+    crashing env cannot take the agent down), ``"sync"`` steps them in this process
+    (SyncVectorEnv); left out, aiovec chooses; a backend named explicitly wins."""
+    with aiovec.make("CartPole-v1", 4, vectorization_mode="async") as venv:
+        assert venv.backend == "process" and venv.inline_envs == 0
+        assert venv.spec.kwargs["vectorization_mode"] == "async"
+        venv.reset(seed=0)
+    with aiovec.make("CartPole-v1", 4, vectorization_mode="sync") as venv:
+        assert venv.backend == "inline"
+    with aiovec.make("CartPole-v1", 4, vectorization_mode="async", backend="inline") as venv:
+        assert venv.backend == "inline"
+
+
 def test_make_takes_make_vecs_arguments_by_name_and_by_position():
     by_name = aiovec.make(id="FrozenLake-v1", num_envs=2, backend="inline", is_slippery=False)
     by_position = aiovec.make("FrozenLake-v1", 2, "sync", {}, None, backend="inline")
