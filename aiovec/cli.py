@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -30,11 +31,71 @@ def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
         yield lambda text: progress.update(task, description=text)
 
 
+def _whole_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _counts(text: str) -> list[int]:
+    return [_whole_number(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _workload_keys(text: str) -> list[str]:
+    from aiovec.bench.workloads import WORKLOAD_KEYS, unknown_workload
+
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    for key in keys:
+        if key.upper() not in WORKLOAD_KEYS:
+            raise argparse.ArgumentTypeError(unknown_workload(key))
+    return keys
+
+
+def _check_before_running(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """What the arguments name must exist (an env id) or be creatable (the output
+    folders) before anything is measured: a mistake ends the command as a usage error
+    (exit status 2), never minutes later or with a traceback."""
+    from gymnasium.error import Error as GymnasiumError
+
+    from aiovec._make import registry_spec
+
+    env_id = getattr(args, "env_id", None)
+    if env_id is not None:
+        try:
+            registry_spec(env_id)
+        except (GymnasiumError, ImportError) as exc:
+            name = "--env-id" if args.command == "bench" else "env_id"
+            parser.error(f"argument {name}: {exc}")
+    for name, folder in (
+        ("--out", getattr(args, "out", None)),
+        ("--json", args.json and Path(args.json).parent if args.command == "bench" else None),
+    ):
+        if folder is not None:
+            try:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                parser.error(f"argument {name}: cannot create the folder {folder}: {exc}")
+
+
 def bench(args: argparse.Namespace) -> int:
     from aiovec.bench import report, suite, workloads
 
-    keys = [key.strip() for key in args.workloads.split(",") if key.strip()]
-    counts = [int(n) for n in args.num_envs.split(",")] if args.num_envs else [None]
+    keys = args.workloads
+    counts: list[int | None] = list(args.num_envs) if args.num_envs else [None]
     selected = []
     for key in keys:
         if key.lower() in ("memory", "replay"):
@@ -87,11 +148,11 @@ def bench(args: argparse.Namespace) -> int:
             }
             for entry in replay
         ]
+    report.write_json(out / "results.json", data)  # first: the run is kept whatever follows
+    written.append(out / "results.json")
     if args.json:
         report.write_json(Path(args.json), data)
         written.append(Path(args.json))
-    report.write_json(out / "results.json", data)
-    written.append(out / "results.json")
     print("wrote " + ", ".join(str(path) for path in written))
     return 0
 
@@ -193,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_parser.add_argument(
         "--workloads",
+        type=_workload_keys,
         default=DEFAULT_WORKLOADS,
         help="comma-separated: W1 (CartPole), W2 (no-op overhead), W3 (IO latency), "
         "W4 (CPU latency), W5 (large observations), W6 (async envs at 1,000 and 10,000), "
@@ -203,11 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--env-id", default=None, help="env id for W1 (default CartPole-v1)")
     bench_parser.add_argument(
         "--num-envs",
+        type=_counts,
         default=None,
         help="comma-separated env counts instead of each workload's own (memory: the first)",
     )
-    bench_parser.add_argument("--seconds", type=float, default=0.4, help="length of one window")
-    bench_parser.add_argument("--repeats", type=int, default=3, help="windows per contender")
+    bench_parser.add_argument("--seconds", type=_seconds, default=0.4, help="length of one window")
+    bench_parser.add_argument(
+        "--repeats", type=_whole_number, default=3, help="windows per contender"
+    )
     bench_parser.add_argument("--out", default="bench-results", help="output folder")
     bench_parser.add_argument("--json", default=None, help="also write the JSON results here")
     bench_parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -225,15 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="find the fastest num_envs / workers / backend for an env on this machine",
     )
     tune_parser.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
-    tune_parser.add_argument("--seconds", type=float, default=0.3, help="length of one window")
-    tune_parser.add_argument("--repeats", type=int, default=2, help="windows per configuration")
+    tune_parser.add_argument("--seconds", type=_seconds, default=0.3, help="length of one window")
+    tune_parser.add_argument(
+        "--repeats", type=_whole_number, default=2, help="windows per configuration"
+    )
     tune_parser.add_argument("--quiet", action="store_true", help="no progress display")
     tune_parser.set_defaults(handler=tune)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_before_running(args, parser)
     return cast(int, args.handler(args))  # every subcommand's handler returns an exit code
 
 

@@ -30,7 +30,7 @@ def test_bench_writes_table_plots_and_json(tmp_path):
         "--seconds", "0.05",
         "--repeats", "1",
         "--out", str(tmp_path / "out"),
-        "--json", str(tmp_path / "results.json"),
+        "--json", str(tmp_path / "new" / "results.json"),  # its folder is created
         "--quiet",
         cwd=tmp_path,
     )  # fmt: skip
@@ -39,7 +39,7 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     assert "aiovec process" in result.stdout
     for name in ("results.md", "throughput.png", "recv_latency_cdf.png", "results.json"):
         assert (tmp_path / "out" / name).stat().st_size > 0
-    data = json.loads((tmp_path / "results.json").read_text())
+    data = json.loads((tmp_path / "new" / "results.json").read_text())
     assert data["machine"]["pipe_round_trip_us"] > 0
     keys = [workload["key"] for workload in data["workloads"]]
     assert keys == ["W1-2", "W3", "W6-2"]
@@ -56,7 +56,7 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     # the targets checker reads the same results
     checker = Path(__file__).resolve().parent.parent / "benchmarks" / "targets.py"
     targets = subprocess.run(
-        [sys.executable, str(checker), str(tmp_path / "results.json")],
+        [sys.executable, str(checker), str(tmp_path / "new" / "results.json")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -102,10 +102,29 @@ def test_tune_recommends_a_call(tmp_path):
     assert rows and all(float(row.split("|")[6]) >= 0 for row in rows)
 
 
-def test_unknown_workload_is_an_error(tmp_path):
-    result = run_cli("bench", "--workloads", "W9", "--quiet", cwd=tmp_path)
-    assert result.returncode != 0
-    assert "unknown workload 'W9'" in result.stderr
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "--workloads", "W2,W9"], "argument --workloads: unknown workload 'W9'"),
+        (["bench", "--num-envs", "abc"], "argument --num-envs: 'abc' is not a whole number"),
+        (["bench", "--num-envs", "2,-1"], "argument --num-envs: must be at least 1, got -1"),
+        (["bench", "--num-envs", "0"], "argument --num-envs: must be at least 1, got 0"),
+        (["bench", "--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+        (["bench", "--seconds", "-1"], "argument --seconds: must be a positive number"),
+        (["bench", "--seconds", "nan"], "argument --seconds: must be a positive number"),
+        (["bench", "--out", "/proc/aiovec-nope"], "argument --out: cannot create"),
+        (["bench", "--json", "/proc/aiovec-nope/r.json"], "argument --json: cannot create"),
+        (["bench", "--workloads", "W1", "--env-id", "NoSuchEnv-v0"], "argument --env-id: "),
+        (["tune", "NoSuchEnv-v0"], "argument env_id: "),
+        (["tune", "CartPole-v1", "--repeats", "0"], "argument --repeats: must be at least 1"),
+    ],
+)
+def test_a_mistake_in_the_arguments_is_a_usage_error_before_anything_runs(tmp_path, args, message):
+    result = run_cli(*args, "--quiet", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not result.stdout  # nothing measured
 
 
 def test_bench_replay_workload(tmp_path):

@@ -406,6 +406,10 @@ def w8(num_envs: int = 4096, horizon: int = 16) -> Workload:
     )
 
 
+#: The names :func:`workload` knows, and the two the command line runs itself.
+WORKLOAD_KEYS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "SPIN", "MEMORY", "REPLAY")
+
+
 def workload(
     key: str, num_envs: int | None = None, env_id: str | None = None, with_ray: bool = False
 ) -> list[Workload]:
@@ -431,4 +435,9 @@ def workload(
         return [w7(num_envs or 4096)]
     if key == "W8":
         return [w8(num_envs or 4096)]
-    raise ValueError(f"unknown workload {key!r}: choose from W1-W8, spin, memory, replay")
+    raise ValueError(unknown_workload(key))
+
+
+def unknown_workload(key: str) -> str:
+    """The message for a workload name that is not one of :data:`WORKLOAD_KEYS`."""
+    return f"unknown workload {key!r}: choose from W1-W8, spin, memory, replay"

@@ -122,14 +122,13 @@ class SB3VecEnv(VecEnv):
         a method is returned, not called (as in SB3's ``SubprocVecEnv``).
 
         Raises:
-            AttributeError: an env has no attribute ``attr_name`` (the
-                :class:`aiovec.EnvError` naming the env, or caused by it).
+            AttributeError: an env has no attribute ``attr_name`` (the message names
+                the env); nothing is logged, as no env failed.
         """
+        env_ids = self._indices(indices)
         with _attribute_errors():
-            return list(
-                self.venv.apply(
-                    env_side.get_wrapper_attr, attr_name, env_ids=self._indices(indices)
-                )
+            return _present(
+                self.venv.apply(env_side.get_wrapper_attr, attr_name, env_ids=env_ids), env_ids
             )
 
     def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
@@ -146,16 +145,16 @@ class SB3VecEnv(VecEnv):
         """
         # As SubprocVecEnv calls it: any name ("reset" included, which VecEnv.call
         # refuses as AsyncVectorEnv does), found through the wrappers, always called.
+        env_ids = self._indices(indices)
         with _attribute_errors():
-            return list(
-                self.venv.apply(
-                    env_side.call_wrapper_method,
-                    method_name,
-                    method_args,
-                    method_kwargs,
-                    env_ids=self._indices(indices),
-                )
+            results = self.venv.apply(
+                env_side.call_wrapper_method,
+                method_name,
+                method_args,
+                method_kwargs,
+                env_ids=env_ids,
             )
+        return _present(results, env_ids)
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: Any = None) -> list[bool]:
         return list(
@@ -215,6 +214,15 @@ class AiovecSubprocVecEnv(SB3VecEnv):
         except BaseException:
             venv.close()
             raise
+
+
+def _present(values: Sequence[Any], env_ids: list[int]) -> list[Any]:
+    """``values`` (one per env of ``env_ids``) as a list, or the ``AttributeError`` of
+    the first env that lacked the attribute (see :class:`env_side.Missing`)."""
+    for env_id, value in zip(env_ids, values):
+        if isinstance(value, env_side.Missing):
+            raise AttributeError(f"env {env_id}: {value.message}")
+    return list(values)
 
 
 @contextmanager
