@@ -75,7 +75,7 @@ def make(
         id: a Gymnasium registry id (``"CartPole-v1"``, ``"module:Env-v0"``, or
             ``"CartPole"`` for its latest version, as ``gymnasium.make_vec`` finds it),
             an ``EnvSpec``, or a callable returning a ``gymnasium.Env`` (an env class
-            works). Also taken as ``env_id=``.
+            works). Also taken as ``env_id=`` when ``id`` is left out.
         num_envs: how many envs (1 when left out, as in ``gymnasium.make_vec``).
         env_kwargs: keyword arguments for ``gymnasium.make`` or for the callable: one dict
             for every env, a list with one dict per env, or a function from env index to
@@ -200,11 +200,10 @@ def make(
 
 
 def _the_id(id: Any, options: dict[str, Any]) -> Any:
-    """The env :func:`make` was asked for: ``id``, or ``env_id`` (its earlier name),
-    taken out of ``options``."""
-    if "env_id" in options:
-        if id is not None:
-            raise TypeError("make() got both id and env_id: give the env once")
+    """The env :func:`make` was asked for: ``id``, else ``env_id`` (its earlier name),
+    taken out of ``options``. Beside an ``id``, ``env_id`` is the env's keyword, as
+    ``gymnasium.make_vec`` passes it."""
+    if id is None and "env_id" in options:
         return options.pop("env_id")
     if id is None:
         raise TypeError("make() missing the env: make(id, num_envs), as gymnasium.make_vec")

@@ -80,15 +80,16 @@ def _check_before_running(args: argparse.Namespace, parser: argparse.ArgumentPar
         except (GymnasiumError, ImportError) as exc:
             name = "--env-id" if args.command == "bench" else "env_id"
             parser.error(f"argument {name}: {exc}")
-    for name, folder in (
-        ("--out", getattr(args, "out", None)),
-        ("--json", args.json and Path(args.json).parent if args.command == "bench" else None),
-    ):
-        if folder is not None:
-            try:
-                Path(folder).mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                parser.error(f"argument {name}: cannot create the folder {folder}: {exc}")
+    folders = []
+    if args.command == "bench":
+        folders.append(("--out", Path(args.out)))
+        if args.json:
+            folders.append(("--json", Path(args.json).parent))
+    for name, folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"argument {name}: cannot create the folder {folder}: {exc}")
 
 
 def bench(args: argparse.Namespace) -> int:

@@ -274,8 +274,9 @@ def test_make_takes_make_vecs_arguments_by_name_and_by_position():
             assert envs.num_envs == 2 and envs.spec.id == "FrozenLake-v1"
     assert by_name.spec.kwargs["is_slippery"] is False
     assert by_position.spec.kwargs["vectorization_mode"] == "sync"
-    with pytest.raises(TypeError, match="both"):
-        aiovec.make("CartPole-v1", 2, env_id="CartPole-v1")
+    # beside an id, env_id is the env's keyword, as make_vec passes it on
+    with aiovec.make(lambda env_id: CounterEnv(env_id), 2, env_id=3, backend="inline") as envs:
+        assert envs.get_attr("env_index") == (3, 3)
     with pytest.raises(TypeError, match="missing"):
         aiovec.make(num_envs=2)
 

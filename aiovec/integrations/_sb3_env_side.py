@@ -41,11 +41,7 @@ def call_wrapper_method(
 
 def has_wrapper_attr(env: gym.Env, name: str) -> bool:
     """Whether ``env`` or an env it wraps has the attribute ``name``."""
-    try:
-        env.get_wrapper_attr(name)
-    except AttributeError:
-        return False
-    return True
+    return not isinstance(get_wrapper_attr(env, name), Missing)
 
 
 def is_wrapped(env: gym.Env, wrapper_class: type[gym.Wrapper]) -> bool:
