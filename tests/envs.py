@@ -149,3 +149,11 @@ class OptionsEcho(CounterEnv):
     def reset(self, *, seed=None, options=None):
         observation, _ = super().reset(seed=seed, options=options)
         return observation, {"options": options}
+
+
+class ArrayRewardEnv(CounterEnv):
+    """A ``CounterEnv`` whose reward is a 1-element array (a model's output, say)."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, np.array([reward]), terminated, truncated, info

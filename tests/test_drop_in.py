@@ -619,3 +619,16 @@ def test_reset_options_that_are_no_dict_reach_every_env_as_given(backend, option
         _, expected_infos = expected.reset(seed=0, options=options)
         assert list(infos["options"]) == list(expected_infos["options"]) == [options] * 2
     expected.close()
+
+
+def test_a_reward_that_is_no_number_is_the_envs_error_naming_it(backend):
+    """As in ``SyncVectorEnv``, a reward that is an array fails the env's step (a
+    ``ValueError``), with a message that says which value and what it must be."""
+    import aiovec
+    from tests.envs import ArrayRewardEnv
+
+    with aiovec.VecEnv([ArrayRewardEnv] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(ValueError, match=r"reward .*shape \(1,\).*a number") as raised:
+            venv.step(np.zeros(2, dtype=np.int64))
+        assert isinstance(raised.value, aiovec.EnvError) and raised.value.env_index == 0

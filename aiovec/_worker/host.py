@@ -180,6 +180,18 @@ def check_env_type(env: Any) -> None:
         )
 
 
+def step_values_error(reward: Any, terminated: Any, truncated: Any, cause: Exception) -> ValueError:
+    """The error for a step whose reward or flags do not fit their buffers: which value
+    it was, and what it must be (numpy's own message names neither)."""
+    values = (("reward", reward), ("terminated", terminated), ("truncated", truncated))
+    shaped = [f"{name} {value!r} (shape {np.shape(value)})" for name, value in values]
+    odd = [text for text, (_, value) in zip(shaped, values) if np.ndim(value) != 0]
+    return ValueError(
+        f"the env returned {', '.join(odd or shaped)}: a reward must be a number and "
+        f"terminated/truncated bools ({cause})"
+    )
+
+
 def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
     """Call each factory; on the first failure close what was built and raise EnvBuildError."""
     envs: dict[int, gym.Env] = {}
@@ -409,9 +421,12 @@ class EnvHost(HostState):
                             observation_buffer[env_id] = observation
                         else:
                             write_observation(env_id, observation)
-                        rewards[env_id] = reward
-                        terminations[env_id] = terminated
-                        truncations[env_id] = truncated
+                        try:
+                            rewards[env_id] = reward
+                            terminations[env_id] = terminated
+                            truncations[env_id] = truncated
+                        except (ValueError, TypeError) as exc:
+                            raise step_values_error(reward, terminated, truncated, exc) from None
                         needs_reset[env_id] = bool(terminated or truncated)
                         if failures[env_id]:
                             failures[env_id] = 0
@@ -676,9 +691,12 @@ class EnvHost(HostState):
         self, env_id: int, observation: Any, reward: Any, terminated: Any, truncated: Any
     ) -> None:
         self._write_observation(env_id, observation)
-        self.buffers.rewards[env_id] = reward
-        self.buffers.terminations[env_id] = terminated
-        self.buffers.truncations[env_id] = truncated
+        try:
+            self.buffers.rewards[env_id] = reward
+            self.buffers.terminations[env_id] = terminated
+            self.buffers.truncations[env_id] = truncated
+        except (ValueError, TypeError) as exc:
+            raise step_values_error(reward, terminated, truncated, exc) from None
         self._needs_reset[env_id] = bool(terminated or truncated)
 
     def _write_observation(self, env_id: int, observation: Any) -> None:
