@@ -171,8 +171,8 @@ def check_env_type(env: Any) -> None:
             "that step a batch in one call, use aiovec.make(..., envs_per_block=k) or "
             "VecEnv(..., envs_per_block=k)"
         )
-    if not isinstance(env, (gym.Env, AsyncEnv)) and not all(hasattr(env, a) for a in _ENV_API):
-        missing = [a for a in _ENV_API if not hasattr(env, a)]
+    missing = [name for name in _ENV_API if not hasattr(env, name)]
+    if missing and not isinstance(env, (gym.Env, AsyncEnv)):
         raise TypeError(
             f"the env factory returned {type(env).__name__}, not a gymnasium.Env (or "
             f"aiovec.AsyncEnv), nor an object with the env API (it has no "
@@ -183,12 +183,12 @@ def check_env_type(env: Any) -> None:
 def step_values_error(reward: Any, terminated: Any, truncated: Any, cause: Exception) -> ValueError:
     """The error for a step whose reward or flags do not fit their buffers: which value
     it was, and what it must be (numpy's own message names neither)."""
-    values = (("reward", reward), ("terminated", terminated), ("truncated", truncated))
-    shaped = [f"{name} {value!r} (shape {np.shape(value)})" for name, value in values]
-    odd = [text for text, (_, value) in zip(shaped, values) if np.ndim(value) != 0]
+    values = {"reward": reward, "terminated": terminated, "truncated": truncated}
+    odd = {name: value for name, value in values.items() if np.ndim(value) != 0} or values
+    shown = ", ".join(f"{name} {value!r} (shape {np.shape(value)})" for name, value in odd.items())
     return ValueError(
-        f"the env returned {', '.join(odd or shaped)}: a reward must be a number and "
-        f"terminated/truncated bools ({cause})"
+        f"the env returned {shown}: a reward must be a number and terminated/truncated "
+        f"bools ({cause})"
     )
 
 
