@@ -12,8 +12,9 @@ import numpy as np
 
 from tests.envs import CounterEnv
 
-#: "interrupt" and "sys.exit" raise KeyboardInterrupt and SystemExit from the env's own code.
-FAULTS = ("raise", "exit", "sigkill", "sigsegv", "hang", "interrupt", "sys.exit")
+#: "interrupt" and "sys.exit" raise KeyboardInterrupt and SystemExit from the env's own code;
+#: "stubborn" hangs in a worker that ignores SIGTERM (a simulator with its own handler).
+FAULTS = ("raise", "exit", "sigkill", "sigsegv", "hang", "interrupt", "sys.exit", "stubborn")
 _instances = itertools.count()  # envs built in this process
 
 
@@ -35,6 +36,8 @@ class FaultyEnv(CounterEnv):
         # A rebuilt env must not replay its predecessor's draws: a fresh env whose first
         # draw fails would otherwise fail the same way on every rebuild (a false crash loop).
         self._fault_rng = np.random.default_rng([env_index, os.getpid(), next(_instances)])
+        if fault == "stubborn":  # built in the worker's main thread, where handlers are set
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def step(self, action):
         self.steps_since_built += 1
@@ -55,7 +58,7 @@ class FaultyEnv(CounterEnv):
         if self.fault == "sigsegv":
             signal.signal(signal.SIGSEGV, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGSEGV)
-        if self.fault == "hang":
+        if self.fault in ("hang", "stubborn"):
             time.sleep(3600)
         if self.fault == "interrupt":
             raise KeyboardInterrupt(f"interrupted at step {self.steps_since_built}")

@@ -340,6 +340,59 @@ def test_ctrl_c_during_a_step_closes_the_workers(tmp_path):
         agent.wait()
 
 
+@pytest.mark.parametrize("when", ["in close", "second in the step's cleanup"])
+def test_ctrl_c_while_closing_still_kills_every_worker(tmp_path, when):
+    """Ctrl-C while close() waits for a hung env that ignores SIGTERM (or a second
+    Ctrl-C while the first one's cleanup waits): the workers are killed and reaped before
+    the KeyboardInterrupt leaves, not left running for as long as the agent lives."""
+    agent, pids = start_agent(
+        tmp_path,
+        f"""
+            import sys, time
+            from functools import partial
+            import aiovec
+            from tests.faulty import FaultyEnv
+
+            if __name__ == "__main__":
+                env_fns = [partial(FaultyEnv, i, "stubborn", at_step=1) for i in range(2)]
+                venv = aiovec.VecEnv(env_fns, num_workers=2, close_timeout=60)
+                venv.reset()
+                print(" ".join(str(p.pid) for p in venv._backend._processes), flush=True)
+                try:
+                    if {when!r} == "in close":
+                        venv.step_async([0, 0])
+                        try:
+                            venv.step_wait(timeout=0.2)
+                        except TimeoutError:
+                            pass
+                        print("closing", flush=True)
+                        venv.close()
+                    else:  # the first Ctrl-C's cleanup gives the workers a grace
+                        print("stepping", flush=True)
+                        venv.step([0, 0])
+                except KeyboardInterrupt:
+                    print("interrupted closed=%s" % venv.closed, flush=True)
+                time.sleep(30)  # alive: its workers must be gone while it lives
+        """,
+    )
+    try:
+        agent.stdout.readline()  # closing / stepping
+        time.sleep(0.5)
+        agent.send_signal(signal.SIGINT)
+        if when != "in close":
+            time.sleep(0.3)  # inside the first Ctrl-C's cleanup (SIGTERM ignored)
+            agent.send_signal(signal.SIGINT)
+        assert agent.stdout.readline().strip() == "interrupted closed=True"
+        deadline = time.monotonic() + 5
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(pid_alive(pid) for pid in pids)
+        assert agent.poll() is None  # the agent lives on: nothing waited for its exit
+    finally:
+        agent.kill()
+        agent.wait()
+
+
 async def test_soak_random_crashes_under_restart_policy(no_leaks):
     """Thousands of first-ready rounds while envs raise and die at random: every action
     gets exactly one result, the process count stays constant, nothing leaks."""

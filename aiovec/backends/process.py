@@ -662,14 +662,24 @@ class ProcessBackend(Backend):
     # --- shutdown -------------------------------------------------------------------------
 
     def close(self, timeout: float) -> None:
-        self._unbind()
-        if os.getpid() != self._owner_pid:
-            # A forked copy of the agent (its child closing what it inherited): the
-            # workers are the parent's, never stop them from here; drop the descriptors.
-            for process in self._processes:
-                if isinstance(process, zygote.ZygoteProcess):
-                    process.forget()
-        else:
+        """Stop every worker (``timeout`` seconds to exit, then SIGTERM, then SIGKILL) and
+        release every descriptor and the shared region. Interrupted (a Ctrl-C while it
+        waits), it kills the workers that are left before the interruption goes on."""
+        try:
+            self._unbind()
+            if os.getpid() != self._owner_pid:
+                # A forked copy of the agent (its child closing what it inherited): the
+                # workers are the parent's, never stop them from here; drop the descriptors.
+                for process in self._processes:
+                    if isinstance(process, zygote.ZygoteProcess):
+                        process.forget()
+            else:
+                self._stop_workers(timeout)
+        finally:
+            self._release()
+
+    def _stop_workers(self, timeout: float) -> None:
+        try:
             for worker, connection in enumerate(self._connections):
                 if worker in self._starting and connection is not None:
                     # Not handed its buffers yet, it waits for descriptors, not frames:
@@ -684,9 +694,16 @@ class ProcessBackend(Backend):
                     except OSError:  # gone, or not reading (TimeoutError): stopped below
                         pass
             _stop_processes(self._processes, timeout)
+        except BaseException:
+            _kill_and_reap(self._processes)  # however the wait ended, no worker outlives it
+            raise
+        finally:
             for process in self._processes:
-                if process is not None and process.pid is not None:
+                if process is not None and process.pid is not None and process.exitcode is not None:
                     process.close()  # frees its sentinel (a pidfd for zygote workers)
+
+    def _release(self) -> None:
+        """Close every descriptor and the shared region (the workers are stopped)."""
         for connection in self._connections:
             if connection is not None:
                 connection.close()
@@ -724,8 +741,23 @@ def _stop_processes(processes: list[Any], timeout: float) -> None:
     deadline = time.monotonic() + TERMINATE_GRACE  # one grace for all, not one each
     for process in started:
         process.join(max(0.0, deadline - time.monotonic()))
+    _kill_and_reap(started)
+
+
+def _kill_and_reap(processes: list[Any]) -> None:
+    """SIGKILL every started process still running and wait for each to exit. A
+    KeyboardInterrupt meanwhile (an impatient second Ctrl-C) is raised once all are
+    reaped: a killed process exits within milliseconds."""
+    started = [process for process in processes if process is not None and process.pid is not None]
+    interrupted: BaseException | None = None
     for process in started:
-        if process.exitcode is None:
-            process.kill()
-    for process in started:
-        process.join()
+        while True:
+            try:
+                if process.exitcode is None:
+                    process.kill()
+                process.join()
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+    if interrupted is not None:
+        raise interrupted
