@@ -293,7 +293,7 @@ class Scheduler:
                     raise WaitTimeoutError(f"no result within {timeout} s")
             if self.step_timeout is not None and self._tickets:
                 expires = min(
-                    self._sent_at(ticket) + self._kill_after(ticket.worker)
+                    self._sent_at(ticket) + self._kill_after(ticket)
                     for ticket in self._tickets.values()
                 )
                 if expires <= now:
@@ -438,18 +438,20 @@ class Scheduler:
         builds its envs first, under its own start-up deadline)."""
         return max(ticket.sent_at, self.backend.ready_since(ticket.worker))
 
-    def _kill_after(self, worker: int) -> float:
-        """Seconds after which a command still unanswered gets ``worker`` killed."""
+    def _kill_after(self, ticket: Ticket) -> float:
+        """Seconds after which ``ticket``'s command, still unanswered, gets its worker
+        killed: ``step_timeout`` for each env call the worker makes in turn (an env is
+        late only if its own call takes longer, not because others came first)."""
         step_timeout = cast(float, self.step_timeout)  # only asked when there is one
-        if self.backend.cancels_late_envs(worker):
+        if self.backend.cancels_late_envs(ticket.worker):
             # It answers for its late envs at step_timeout; killing is the backstop for a
             # worker too busy to do so (an async env that blocks its loop).
             return step_timeout + max(1.0, step_timeout)
-        return step_timeout
+        return step_timeout * self.backend.calls_in_turn(ticket.worker, len(ticket.env_ids))
 
     def _kill_late_workers(self, now: float) -> None:
         for ticket in self._tickets.values():
-            late = now - self._sent_at(ticket) >= self._kill_after(ticket.worker)
+            late = now - self._sent_at(ticket) >= self._kill_after(ticket)
             if late and ticket.worker not in self._timed_out:
                 # Only the envs still owing their result: the others already answered.
                 answered = ticket.answered or ()

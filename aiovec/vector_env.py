@@ -190,7 +190,9 @@ class VecEnv(SplitCalls, VectorEnv):
             env's command cancelled alone (with ``"restart"``: that env is rebuilt) while the other
             envs go on; a worker whose loop is blocked is killed a grace period later.
             Blocking envs cannot be interrupted from inside: the process and Ray
-            backends kill the late env's worker (with ``"restart"``: rebuild it).
+            backends kill the late env's worker (with ``"restart"``: rebuild it). The
+            bound is each env's: a worker stepping k envs one after another has k times
+            ``step_timeout`` for a command to all of them.
 
         concurrent_envs: process backend: whether a worker steps its blocking envs
             concurrently, a thread each, answering first-ready (``True``), or one after

@@ -243,6 +243,23 @@ async def test_a_hanging_async_env_in_an_actor_is_cancelled_alone():
         assert rewards.tolist() == [2.0, 1.0]
 
 
+async def test_step_timeout_bounds_each_env_of_an_actor_stepping_them_in_turn():
+    from tests.test_timeouts import BusyEnv
+
+    # Four computing envs in one actor (stepped one after another), each taking half of
+    # step_timeout: none is late, although the actor's command takes twice as long.
+    async with aiovec.VecEnv(
+        [partial(BusyEnv, i, seconds=0.25) for i in range(4)],
+        backend="ray",
+        num_workers=1,
+        step_timeout=0.5,
+        ray_options={"num_cpus": 0},
+    ) as venv:
+        await venv.areset()
+        _, rewards, *_ = await venv.astep(np.zeros(4, dtype=np.int64))
+        assert rewards.tolist() == [1.0] * 4
+
+
 def test_a_link_answers_only_the_connection_that_brings_the_token():
     from aiovec._transport.channel import Channel
     from aiovec._transport.protocol import Reset, encode

@@ -119,3 +119,44 @@ async def test_a_step_timeout_names_only_the_envs_still_owing_results():
                 received += batch.env_ids.tolist()
         assert sorted(received) == [0, 1]
         assert caught.value.timed_out == [2]
+
+
+class BusyEnv(CounterEnv):
+    """Computes (not sleeps) ``seconds`` per step: a worker steps such envs in turn."""
+
+    def __init__(self, env_index: int = 0, seconds: float = 0.0) -> None:
+        super().__init__(env_index)
+        self.seconds = seconds
+
+    def step(self, action):
+        deadline = time.perf_counter() + self.seconds
+        while time.perf_counter() < deadline:
+            pass
+        return super().step(action)
+
+
+@pytest.mark.parametrize(
+    "env_fn, options",
+    [
+        (partial(CounterEnv, delay=0.25), {"concurrent_envs": False}),
+        (partial(BusyEnv, seconds=0.25), {}),  # the worker's own choice: in turn
+        (partial(CounterEnv, delay=0.25), {"concurrent_envs": True}),
+    ],
+    ids=["sleeping in turn", "computing", "sleeping concurrently"],
+)
+async def test_step_timeout_bounds_each_env_not_a_workers_whole_command(env_fn, options):
+    """Four envs of one worker, each taking half of step_timeout: none is late, whether
+    the worker steps them one after another or concurrently (a worker stepping them in
+    turn takes twice step_timeout for the command, which is not any env's doing)."""
+    async with aiovec.VecEnv(
+        [env_fn] * 4, num_workers=1, step_timeout=0.5, close_timeout=1, **options
+    ) as venv:
+        await venv.areset()
+        for _ in range(2):
+            _, rewards, *_ = await venv.astep(np.zeros(4, dtype=np.int64))
+        assert rewards.tolist() == [2.0] * 4
+        venv.send(np.zeros(4, dtype=np.int64))  # first-ready: the same bound
+        received = []
+        while len(received) < 4:
+            received += (await asyncio.wait_for(venv.recv(), BOUND)).env_ids.tolist()
+        assert sorted(received) == [0, 1, 2, 3]

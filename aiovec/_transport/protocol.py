@@ -187,9 +187,10 @@ class Hello(msgspec.Struct, array_like=True, tag=True):
 
 
 class Threads(msgspec.Struct, array_like=True, tag=True):
-    """A worker now serves each env from a thread of its own, which reads the steps sent
-    on that env's line (see :mod:`aiovec._transport.lines`) as well as what the
-    worker's receiving thread hands it."""
+    """A worker now serves each env from a thread of its own (a command's envs step at
+    once), which reads the steps sent on that env's line, if it has one (see
+    :mod:`aiovec._transport.lines`), as well as what the worker's receiving thread hands
+    it."""
 
 
 #: What a worker sends its agent: a reply, its first message, or that it serves by threads.

@@ -325,8 +325,9 @@ def _serve_threads(
         except OSError:
             pass
 
-    if lines:  # before any env's thread sends: the agent reads it before their replies
-        connection.send(encode(Threads()))
+    # Before any env's thread sends, so that the agent reads it before their replies:
+    # from now on a command's envs step at once (and steps may come on their lines).
+    connection.send(encode(Threads()))
     server = ThreadedEnvServer(host, connection.send_frames, on_failure=wake_receiver, lines=lines)
     _yield_to_the_agent_on_wakeup()  # after the envs' threads started: theirs is unchanged
     try:

@@ -184,6 +184,23 @@ class Backend(abc.ABC):
         the scheduler then kills it only if it failed to (its loop is blocked)."""
         return False
 
+    #: Rows of each batched env (``envs_per_block``), or ``None`` for single envs.
+    _envs_per_block: int | None = None
+
+    def steps_concurrently(self, worker: int) -> bool:
+        """Whether ``worker`` runs a command's envs at once (threads, an event loop),
+        rather than one after another."""
+        return False
+
+    def calls_in_turn(self, worker: int, num_envs: int) -> int:
+        """How many env calls ``worker`` makes one after another to run a command to
+        ``num_envs`` of its envs (each is allowed ``step_timeout`` in its turn)."""
+        if self.steps_concurrently(worker):
+            return 1
+        if self._envs_per_block is not None:  # a command to whole blocks: a call per block
+            return -(-num_envs // self._envs_per_block)
+        return num_envs
+
     def restart(self, worker: int, reason: str) -> None:
         """Replace a dead worker by a fresh one that rebuilds its envs."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart workers")

@@ -108,6 +108,8 @@ class EnvActor:
             concurrent = True  # async envs can only be stepped on an event loop
         elif concurrent is None:
             concurrent = _mostly_waiting(next(iter(env_fns.values())))
+        #: Whether a command's envs step at once (else one after another).
+        self.concurrent = bool(concurrent)
         if concurrent:
             if not self.cancels_late_envs:
                 self.host.threads = EnvThreads()
@@ -128,11 +130,11 @@ class EnvActor:
         self._closed: asyncio.Event | None = None
 
     def describe(self) -> Any:
-        """The envs' descriptions and whether late envs are cancelled here (or the error
-        of the factory that raised)."""
+        """The envs' descriptions, whether late envs are cancelled here and whether a
+        command's envs step at once (or the error of the factory that raised)."""
         if self.build_error is not None:
             return self.build_error
-        return self._descriptions, self.cancels_late_envs
+        return self._descriptions, self.cancels_late_envs, self.concurrent
 
     def attach(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], n: int

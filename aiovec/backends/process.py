@@ -201,6 +201,7 @@ class ProcessBackend(Backend):
             envs_per_block is None and concurrent_envs is not False and remote_envs <= MAX_LINES
         )
         self._threaded: set[int] = set()  # workers that said Threads: steps may take lines
+        self._concurrent: set[int] = set()  # workers that said Threads: envs step at once
         # Per worker: the seqs of its commands other than steps still in flight.
         self._controls: dict[int, set[int]] = {}
         self._local: EnvHost | BlockHost | None = None
@@ -339,6 +340,9 @@ class ProcessBackend(Backend):
 
     def cancels_late_envs(self, worker: int) -> bool:
         return worker in self._async_workers
+
+    def steps_concurrently(self, worker: int) -> bool:
+        return worker in self._concurrent or worker in self._async_workers
 
     def attach(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
@@ -603,8 +607,9 @@ class ProcessBackend(Backend):
                 self._started(worker, decode_message(frame))
                 continue
             message = decode_message(frame)
-            if type(message) is Threads:  # its envs' threads now read their lines
-                if worker in self._lines:
+            if type(message) is Threads:  # its envs now step in threads of their own,
+                self._concurrent.add(worker)
+                if worker in self._lines:  # which read their lines
                     self._threaded.add(worker)
                 continue
             if controls:
@@ -622,6 +627,7 @@ class ProcessBackend(Backend):
             return
         self._dead.add(worker)
         self._threaded.discard(worker)
+        self._concurrent.discard(worker)  # a restarted worker starts stepping in turn
         self._controls[worker].clear()  # in flight no more (the scheduler resends them)
         self._poller = None  # rebuilt without this worker's descriptors
         self._stop_flushing(worker)

@@ -136,6 +136,7 @@ class RayBackend(Backend):
         self._placement: list[dict[str, Any]] = [{}] * num_workers
         self._step_timeout = step_timeout
         self._cancelling: set[int] = set()  # actors that cancel their late (async) envs
+        self._stepping_at_once: set[int] = set()  # actors stepping a command's envs at once
         self._transport: _Links | _Calls = (_Links if transport == "link" else _Calls)(self)
         try:
             if actors_per_node is not None:
@@ -178,9 +179,13 @@ class RayBackend(Backend):
         if not isinstance(description, tuple):  # an ErrorInfo: a factory raised
             raise description.to_exception()
         descriptions: list[EnvDescription]
-        descriptions, cancels_late_envs = description
+        descriptions, cancels_late_envs, concurrent = description
         if cancels_late_envs:
             self._cancelling.add(worker)
+        if concurrent:
+            self._stepping_at_once.add(worker)
+        else:  # a restarted actor may decide otherwise
+            self._stepping_at_once.discard(worker)
         return descriptions
 
     def _placement_hint(self) -> str:
@@ -199,6 +204,9 @@ class RayBackend(Backend):
 
     def cancels_late_envs(self, worker: int) -> bool:
         return worker in self._cancelling
+
+    def steps_concurrently(self, worker: int) -> bool:
+        return worker in self._stepping_at_once
 
     def attach(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
