@@ -12,9 +12,19 @@ import numpy as np
 
 from tests.envs import CounterEnv
 
-#: "interrupt" and "sys.exit" raise KeyboardInterrupt and SystemExit from the env's own code;
-#: "stubborn" hangs in a worker that ignores SIGTERM (a simulator with its own handler).
-FAULTS = ("raise", "exit", "sigkill", "sigsegv", "hang", "interrupt", "sys.exit", "stubborn")
+#: "interrupt" and "sys.exit" raise KeyboardInterrupt and SystemExit from the env's own code,
+#: "abort" a BaseException of its own (as pytest's, gevent's or a simulator's abort
+#: classes are); "stubborn" hangs in a worker that ignores SIGTERM (a simulator with its
+#: own handler).
+FAULTS = (
+    "raise", "exit", "sigkill", "sigsegv", "hang", "interrupt", "sys.exit", "abort", "stubborn"
+)  # fmt: skip
+
+
+class Abort(BaseException):
+    """Not an ``Exception``: what ``except Exception`` lets through."""
+
+
 _instances = itertools.count()  # envs built in this process
 
 
@@ -64,6 +74,8 @@ class FaultyEnv(CounterEnv):
             raise KeyboardInterrupt(f"interrupted at step {self.steps_since_built}")
         if self.fault == "sys.exit":
             sys.exit(f"gave up at step {self.steps_since_built}")
+        if self.fault == "abort":
+            raise Abort(f"aborted at step {self.steps_since_built}")
 
 
 class BadObservationEnv(CounterEnv):

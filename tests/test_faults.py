@@ -19,7 +19,7 @@ from tests.async_envs import AsyncCounterEnv
 from tests.batched import point_masses
 from tests.conftest import pid_alive, worker_pids, worker_processes
 from tests.envs import CounterEnv
-from tests.faulty import BadObservationEnv, FailingConstructorEnv, FaultyEnv
+from tests.faulty import Abort, BadObservationEnv, FailingConstructorEnv, FaultyEnv
 from tests.helpers import random_traffic, start_agent
 
 CRASHES = {
@@ -75,12 +75,14 @@ def test_raising_env_is_reported_with_traceback(backend):
         assert_healthy_envs_still_work(venv)
 
 
-# A worker ignores SIGINT (Ctrl-C belongs to the agent), so there a KeyboardInterrupt
-# or SystemExit can only come from the env's own code: it is that env's error, as
-# AsyncVectorEnv's worker reports a KeyboardInterrupt, and the worker's other envs live on.
+# A worker ignores SIGINT (Ctrl-C belongs to the agent), so there a KeyboardInterrupt,
+# a SystemExit or any other BaseException can only come from the env's own code: it is
+# that env's error, as AsyncVectorEnv's worker reports a KeyboardInterrupt, and the
+# worker's other envs live on.
 ENV_EXITS = {
     "interrupt": ("KeyboardInterrupt", "interrupted"),
     "sys.exit": ("SystemExit", "gave up"),
+    "abort": ("Abort", "aborted"),
 }
 
 
@@ -121,18 +123,20 @@ def test_an_async_env_or_a_batched_env_raising_keyboardinterrupt_in_a_worker_is_
             venv.step([0, 0])
         assert caught.value.env_index == 1 and "simulator 1 interrupted" in str(caught.value)
         assert venv.step([0, 0])[0][0].tolist() == [0, 2]  # env 0 goes on
-    with aiovec.make(
-        point_masses,
-        4,
-        envs_per_block=2,
-        backend="process",
-        num_workers=1,
-        env_kwargs=[{}, {"fail_at": 1, "fail_with": SystemExit}],
-    ) as venv:
-        venv.reset(seed=0)
-        with pytest.raises(aiovec.EnvError, match=r"batched env of envs 2..3") as caught:
-            venv.step(np.zeros((4, 1), np.float32))
-        assert caught.value.exc_type == "SystemExit" and not isinstance(caught.value, SystemExit)
+    for exit_class in (SystemExit, Abort):  # Abort: a BaseException of a library's own
+        with aiovec.make(
+            point_masses,
+            4,
+            envs_per_block=2,
+            backend="process",
+            num_workers=1,
+            env_kwargs=[{}, {"fail_at": 1, "fail_with": exit_class}],
+        ) as venv:
+            venv.reset(seed=0)
+            with pytest.raises(aiovec.EnvError, match=r"batched env of envs 2..3") as caught:
+                venv.step(np.zeros((4, 1), np.float32))
+            assert caught.value.exc_type == exit_class.__name__
+            assert not isinstance(caught.value, exit_class)
 
 
 def test_an_envs_keyboardinterrupt_leaves_the_callers_event_loop_running():

@@ -40,26 +40,41 @@ from aiovec._worker.threads import EnvThreads
 from aiovec.async_env import AsyncEnv
 from aiovec.errors import StepTimeoutError
 
-_env_errors: tuple[type[BaseException], ...] = (Exception,)
+_catch_env_exits = False
+
+#: BaseExceptions that are never an env's failure, even in a worker: the cancellation of
+#: the task that awaits the env (asyncio's timeouts and close) and the close of a
+#: generator or coroutine (aiovec's own flows), which must run their course.
+_NEVER_ENV_ERRORS = (asyncio.CancelledError, GeneratorExit)
 
 
 def env_errors() -> tuple[type[BaseException], ...]:
     """What an env's call may raise that is that env's failure (reported, or the env
     rebuilt) rather than the end of whatever runs it: any ``Exception`` and, in a worker
-    process, ``KeyboardInterrupt`` and ``SystemExit`` too (see :func:`catch_env_exits`)."""
-    return _env_errors
+    process, any other ``BaseException`` too (``KeyboardInterrupt``, ``SystemExit``, a
+    library's own abort class) except those of ``_NEVER_ENV_ERRORS`` (see
+    :func:`catch_env_exits`).
+
+    Evaluated where an ``except`` clause meets an exception (only then), so that the
+    classes a program defines later are included."""
+    if not _catch_env_exits:
+        return (Exception,)
+    # The direct subclasses of BaseException but those excluded: a class deriving from
+    # one of them is matched through it.
+    return tuple(
+        cls for cls in BaseException.__subclasses__() if not issubclass(cls, _NEVER_ENV_ERRORS)
+    )
 
 
 def catch_env_exits() -> None:
-    """From now on, a ``KeyboardInterrupt`` or ``SystemExit`` raised by an env is that
-    env's error. Only for a worker process: it ignores SIGINT, so there these can only
-    come from an env's own code (``sys.exit()`` in a simulator's error handler), and
-    its other envs must live on. In the agent's process a KeyboardInterrupt is the
-    user's Ctrl-C, which must reach them."""
-    global _env_errors
-    # A BaseExceptionGroup too: asyncio.TaskGroup wraps a KeyboardInterrupt in one.
-    groups = getattr(builtins, "BaseExceptionGroup", None)
-    _env_errors = (Exception, KeyboardInterrupt, SystemExit, *([groups] if groups else []))
+    """From now on, any ``BaseException`` raised by an env (but a cancellation or a
+    ``GeneratorExit``) is that env's error. Only for a worker process: it ignores
+    SIGINT, so there a ``KeyboardInterrupt`` or ``SystemExit`` can only come from an
+    env's own code (``sys.exit()`` in a simulator's error handler), and its other envs
+    must live on. In the agent's process a KeyboardInterrupt is the user's Ctrl-C, which
+    must reach them."""
+    global _catch_env_exits
+    _catch_env_exits = True
 
 
 def error_info(
