@@ -130,6 +130,9 @@ class TransitionAssembler:
     Call :meth:`reset` with the observations of a reset, :meth:`sent` with what you
     pass to ``send``, and :meth:`received` with every batch ``recv`` returns; then
     :meth:`take` hands out chunks of ``length`` transitions per env, oldest first.
+
+    It keeps copies of what it is given: refilling one action array every step, or a
+    ``copy=False`` vector env overwriting its result buffers, changes no transition.
     """
 
     def __init__(
@@ -175,7 +178,7 @@ class TransitionAssembler:
             terminated, truncated = bool(batch.terminations[row]), bool(batch.truncations[row])
             next_observation = observation
             if final_mask is not None and final_mask[row]:  # SAME_STEP: obs is the reset's
-                next_observation = final_observations[row]
+                next_observation = _own(final_observations[row])
             self._transitions[env_id].append(
                 (
                     self._observation[env_id],
@@ -221,11 +224,23 @@ class TransitionAssembler:
 
 
 def _row(batch: Any, row: int) -> Any:
+    """Row ``row`` of a batch, as a copy of its own: a transition must keep what was sent
+    or received at its step, whatever the caller's action array (refilled each step) or a
+    ``copy=False`` vector env's result buffers hold later."""
     if isinstance(batch, dict):
         return {key: _row(value, row) for key, value in batch.items()}
     if isinstance(batch, tuple) and not isinstance(batch, np.ndarray):
         return tuple(_row(value, row) for value in batch)
-    return batch[row]
+    return _own(batch[row])
+
+
+def _own(value: Any) -> Any:
+    """``value`` with a copy of each array in it (maybe a view of a buffer)."""
+    if isinstance(value, dict):
+        return {key: _own(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_own(item) for item in value)
+    return value.copy() if isinstance(value, np.ndarray) else value
 
 
 def _stack(items: list[Any]) -> Any:

@@ -174,3 +174,35 @@ def test_episode_statistics_end_an_episode_at_a_restart_without_counting_it(mode
     ]
     # The rebuilt env's episode counts from its own first step.
     assert statistics.lengths[0] == 2 and statistics.returns[0] == 3.0
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+async def test_assembler_keeps_what_was_sent_and_received_not_views_of_reused_buffers(backend):
+    """A loop refilling one action array, on a vector env with ``copy=False`` (whose
+    results are views of buffers the next step overwrites): every transition still holds
+    the actions sent and the observations received at its own step."""
+    num_envs = 2
+    env = aiovec.make("Pendulum-v1", num_envs, backend=backend, copy=False)
+    reference = aiovec.make("Pendulum-v1", num_envs, backend="inline")
+    assembler = TransitionAssembler(num_envs)
+    observations, _ = await env.areset(seed=0)
+    expected_observations = [reference.reset(seed=0)[0].copy()]
+    assembler.reset(observations)
+    actions = np.zeros((num_envs, 1), np.float32)  # one buffer, refilled every step
+    for step in range(3):
+        actions[:] = step / 4
+        assembler.sent(actions)
+        env.send(actions)
+        assembler.received(await env.recv(min_envs=num_envs))
+        expected_observations.append(reference.step(actions)[0].copy())
+    actions[:] = 1.5
+    await env.astep(np.zeros((num_envs, 1), np.float32))  # overwrites the result buffers
+    chunk = assembler.take(3)
+    assert chunk.actions[:, :, 0].tolist() == [[0.0, 0.25, 0.5]] * num_envs
+    for step in range(3):
+        np.testing.assert_allclose(chunk.observations[:, step], expected_observations[step])
+        np.testing.assert_allclose(
+            chunk.next_observations[:, step], expected_observations[step + 1]
+        )
+    env.close()
+    reference.close()
