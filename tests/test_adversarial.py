@@ -39,6 +39,41 @@ async def test_cancelling_the_pump_and_a_parked_recv_together_loses_nothing():
         assert batch.env_ids.tolist() == [0]
 
 
+def test_a_zygote_whose_agent_left_while_it_started_exits_quietly():
+    """Ctrl-C in the agent while its zygote starts (the agent goes away before the
+    zygote's hello): the zygote exits without a traceback, and a Ctrl-C reaching it while
+    it imports (a terminal's Ctrl-C goes to the whole process group) is ignored."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from aiovec._worker import zygote
+
+    agent_end, zygote_end = socket.socketpair()
+    process = subprocess.Popen(
+        [sys.executable, "-c", zygote.launch_command(zygote_end.fileno())],
+        pass_fds=(zygote_end.fileno(),),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    zygote_end.close()
+    deadline = time.monotonic() + 5
+    while not _ignores_sigint(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.001)  # not before: Python's own start-up is not the zygote's
+    process.send_signal(signal.SIGINT)  # while it imports numpy, gymnasium and aiovec
+    agent_end.close()  # the agent is gone before the hello
+    _, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stderr, stderr
+
+
+def _ignores_sigint(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as status:
+        ignored = next(line for line in status if line.startswith("SigIgn:"))
+    return bool(int(ignored.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
 def test_an_interrupted_zygote_request_never_desynchronizes_later_ones(monkeypatch):
     with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
         venv.reset()

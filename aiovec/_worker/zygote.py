@@ -96,13 +96,23 @@ def _receive_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
 # --- the agent's side -------------------------------------------------------------------------
 
 
+def launch_command(fd: int) -> str:
+    """The ``python -c`` program of a zygote talking to its agent on descriptor ``fd``.
+    Ctrl-C is the agent's (a terminal sends it to the whole process group): ignored
+    before anything is imported, so that it never interrupts the zygote's imports."""
+    return (
+        "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        f"import aiovec._worker.zygote as z; z.serve({fd})"
+    )
+
+
 class Zygote:
     """The agent's handle on its zygote. One per agent process (see :func:`shared`);
     safe to use from several threads (requests are serialized)."""
 
     def __init__(self) -> None:
         parent_end, child_end = socket.socketpair()
-        command = f"import aiovec._worker.zygote as z; z.serve({child_end.fileno()})"
+        command = launch_command(child_end.fileno())
         self._lock = threading.Lock()
         self._sock = parent_end
         self._pid_of_owner = os.getpid()
@@ -304,7 +314,7 @@ class ZygoteProcess:
 
 def serve(fd: int) -> None:
     """The zygote's main loop: fork workers on request until the agent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the agent's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the agent's (launch_command)
     agent = socket.socket(fileno=fd)
     import gymnasium
 
@@ -333,7 +343,10 @@ def serve(fd: int) -> None:
             registry[env_id] = pickle.loads(pickle.dumps(spec))
         except Exception:  # the agent then always sends its own
             continue
-    _send_frame(agent, pickle.dumps(registry))
+    try:
+        _send_frame(agent, pickle.dumps(registry))
+    except OSError:  # the agent went away while this started (a Ctrl-C): nobody to serve
+        return
     watched: list[socket.socket | int] = [agent, wake_read]
     try:
         while True:
