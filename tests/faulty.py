@@ -119,3 +119,23 @@ class FlakyFactoryEnv(FaultyEnv):
                 time.sleep(3600)
             raise ConnectionError(f"simulator {env_index} refused the connection")
         super().__init__(env_index, fault=fault, at_step=at_step)
+
+
+class SimulatorEnv(CounterEnv):
+    """Starts a simulator process of its own (``sleep``), writes its pid to
+    ``pid_file``, and on its first step hangs (``fault="hang"``) or exits
+    (``fault="exit"``) without stopping it."""
+
+    def __init__(self, env_index: int = 0, pid_file: str = "", fault: str = "hang") -> None:
+        super().__init__(env_index)
+        import subprocess
+
+        self.fault = fault
+        self.simulator = subprocess.Popen(["sleep", "300"])
+        with open(pid_file, "w") as out:
+            out.write(str(self.simulator.pid))
+
+    def step(self, action):
+        if self.fault == "hang":
+            time.sleep(3600)
+        os._exit(3)

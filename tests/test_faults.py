@@ -397,6 +397,27 @@ def test_ctrl_c_while_closing_still_kills_every_worker(tmp_path, when):
         agent.wait()
 
 
+@pytest.mark.parametrize("fault", ["hang", "exit"])
+def test_a_killed_or_crashed_worker_takes_its_envs_processes_along(tmp_path, fault):
+    """A simulator process that an env started dies with its worker when the worker is
+    killed (step_timeout) or crashes, since the env's close() never runs there: it is
+    not left behind for as long as the agent lives."""
+    from tests.faulty import SimulatorEnv
+
+    pid_file = tmp_path / "simulator.pid"
+    env_fns = [partial(SimulatorEnv, 0, str(pid_file), fault)]
+    with aiovec.VecEnv(env_fns, backend="process", step_timeout=0.5) as venv:
+        venv.reset()
+        simulator = int(pid_file.read_text())
+        assert pid_alive(simulator)
+        with pytest.raises(aiovec.WorkerCrashedError):
+            venv.step([0])
+        deadline = time.monotonic() + 10
+        while pid_alive(simulator) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(simulator)
+
+
 async def test_soak_random_crashes_under_restart_policy(no_leaks):
     """Thousands of first-ready rounds while envs raise and die at random: every action
     gets exactly one result, the process count stays constant, nothing leaks."""

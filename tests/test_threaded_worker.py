@@ -33,17 +33,14 @@ def _thread_name(env) -> str:
     return threading.current_thread().name
 
 
-class Fatal(BaseException):
-    """Neither an Exception nor KeyboardInterrupt/SystemExit (which are an env's errors
-    in a worker): what nothing in a worker expects."""
-
-
 class FatalEnv(CounterEnv):
-    """Raises :class:`Fatal` on its second step: not an env error, the worker must fail."""
+    """Raises ``GeneratorExit`` on its second step: one of the two BaseExceptions that are
+    never an env's error in a worker (a generator's or a coroutine's close, which must
+    run its course), so what nothing in the worker expects: the worker must fail."""
 
     def step(self, action):
         if self.count == 1:
-            raise Fatal("beyond any handler")
+            raise GeneratorExit("beyond any handler")
         return super().step(action)
 
 

@@ -336,6 +336,8 @@ def serve(fd: int) -> None:
             if pid == 0:
                 return
             children[pid] = os.waitstatus_to_exitcode(status)
+            if children[pid] != 0:  # killed or crashed: its envs' close() never ran
+                _kill_group(pid)
 
     registry = {}
     for env_id, spec in gymnasium.registry.items():
@@ -380,27 +382,43 @@ def serve(fd: int) -> None:
             for descriptor in answer_fds:
                 os.close(descriptor)
     finally:
-        # The agent is gone (or stopped us): no worker may outlive it.
+        # The agent is gone (or stopped us): no worker may outlive it, nor what its
+        # envs started.
         for pid, code in children.items():
             if code is None:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill_group(pid)
         deadline = time.monotonic() + 5
         while any(code is None for code in children.values()) and time.monotonic() < deadline:
             reap()
             time.sleep(0.01)
 
 
+def _kill_group(pid: int) -> None:
+    """SIGKILL worker ``pid`` and every process in its group: what its envs started (a
+    simulator) and did not move to a group of its own. Nothing if none is left."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, int]) -> int:
     (worker_fd,) = fds
     pid = os.fork()
     if pid:
+        try:  # as the child does: whichever runs first, no kill finds it in ours
+            os.setpgid(pid, pid)
+        except OSError:  # it has exited already
+            pass
         return pid
     # The child: back to a plain process, then run the target; never return to the loop.
     status = 1
     try:
+        # A process group of its own, which the processes its envs start join: when it
+        # is killed or crashes (so that no env's close() stops them), the zygote kills
+        # them with it (_kill_group). Ctrl-C is the agent's: a terminal's no longer
+        # reaches the worker (which ignores it anyway) nor the envs' processes.
+        os.setpgid(0, 0)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         agent.close()
