@@ -704,8 +704,8 @@ class ProcessBackend(Backend):
             _kill_and_reap(self._processes)  # however the wait ended, no worker outlives it
             raise
         finally:
-            for process in self._processes:
-                if process is not None and process.pid is not None and process.exitcode is not None:
+            for process in _started(self._processes):
+                if process.exitcode is not None:
                     process.close()  # frees its sentinel (a pidfd for zygote workers)
 
     def _release(self) -> None:
@@ -735,9 +735,14 @@ def _sooner(timeout: float | None, other: float | None) -> float | None:
     return other if timeout is None else min(timeout, other)
 
 
+def _started(processes: list[Any]) -> list[Any]:
+    """The workers of ``processes`` that were started (a slot may be empty or unstarted)."""
+    return [process for process in processes if process is not None and process.pid is not None]
+
+
 def _stop_processes(processes: list[Any], timeout: float) -> None:
     """Join, then SIGTERM, then SIGKILL: every process is reaped when this returns."""
-    started = [process for process in processes if process is not None and process.pid is not None]
+    started = _started(processes)
     deadline = time.monotonic() + timeout
     for process in started:
         process.join(max(0.0, deadline - time.monotonic()))
@@ -754,7 +759,7 @@ def _kill_and_reap(processes: list[Any]) -> None:
     """SIGKILL every started process still running and wait for each to exit. A
     KeyboardInterrupt meanwhile (an impatient second Ctrl-C) is raised once all are
     reaped: a killed process exits within milliseconds."""
-    started = [process for process in processes if process is not None and process.pid is not None]
+    started = _started(processes)
     interrupted: BaseException | None = None
     for process in started:
         while True:
