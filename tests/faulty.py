@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from tests.async_envs import AsyncCounterEnv
 from tests.envs import CounterEnv
 
 #: "interrupt" and "sys.exit" raise KeyboardInterrupt and SystemExit from the env's own code,
@@ -124,7 +125,8 @@ class FlakyFactoryEnv(FaultyEnv):
 class SimulatorEnv(CounterEnv):
     """Starts a simulator process of its own (``sleep``), writes its pid to
     ``pid_file``, and on its first step hangs (``fault="hang"``) or exits
-    (``fault="exit"``) without stopping it."""
+    (``fault="exit"``) without stopping it; ``fault="none"`` steps as a CounterEnv.
+    Its close() never stops the simulator either."""
 
     def __init__(self, env_index: int = 0, pid_file: str = "", fault: str = "hang") -> None:
         super().__init__(env_index)
@@ -136,6 +138,21 @@ class SimulatorEnv(CounterEnv):
             out.write(str(self.simulator.pid))
 
     def step(self, action):
+        if self.fault == "none":
+            return super().step(action)
         if self.fault == "hang":
             time.sleep(3600)
         os._exit(3)
+
+
+class AsyncSimulatorEnv(AsyncCounterEnv):
+    """An async env that starts a simulator process (``sleep``) it never stops, and
+    writes its pid to ``pid_file``."""
+
+    def __init__(self, env_index: int = 0, pid_file: str = "") -> None:
+        super().__init__(env_index)
+        import subprocess
+
+        self.simulator = subprocess.Popen(["sleep", "300"])
+        with open(pid_file, "w") as out:
+            out.write(str(self.simulator.pid))

@@ -545,3 +545,45 @@ def test_a_refused_dict_observation_leaves_every_part_of_its_row_as_it_was(backe
         after, _ = venv.reset(options={"reset_mask": np.array([False, True])})
         assert after["a"][0].tolist() == before["a"][0].tolist()  # "a" was not written
         assert after["b"][0].tolist() == before["b"][0].tolist()
+
+
+@pytest.mark.parametrize("serving", ["in turn", "threads", "async"])
+def test_a_killed_agent_takes_its_envs_processes_along(tmp_path, serving):
+    """The agent is SIGKILLed while its workers are idle: what their envs started (and
+    whose close() would not stop) dies with them, however each worker serves its envs.
+    A worker that reads the end of its channel first ends as if it had been killed."""
+    agent, pids = start_agent(
+        tmp_path,
+        f"""
+            import time
+            from functools import partial
+            import aiovec
+            from tests.faulty import AsyncSimulatorEnv, SimulatorEnv
+
+            serving = {serving!r}
+            files = [{str(tmp_path)!r} + f"/sim{{i}}.pid" for i in range(8)]
+            if serving == "async":
+                env_fns = [partial(AsyncSimulatorEnv, i, files[i]) for i in range(8)]
+            else:
+                env_fns = [partial(SimulatorEnv, i, files[i], "none") for i in range(8)]
+            venv = aiovec.VecEnv(
+                env_fns, backend="process", num_workers=8,
+                concurrent_envs=None if serving == "async" else serving == "threads",
+            )
+            venv.reset()
+            venv.step([0] * 8)
+            print(" ".join(str(p.pid) for p in venv._backend._processes), flush=True)
+            time.sleep(300)
+        """,
+    )
+    try:
+        simulators = [int((tmp_path / f"sim{i}.pid").read_text()) for i in range(8)]
+        assert all(pid_alive(pid) for pid in simulators)
+    finally:
+        agent.kill()
+        agent.wait()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in simulators + pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in simulators if pid_alive(pid)]
+    assert not [pid for pid in pids if pid_alive(pid)]

@@ -189,8 +189,19 @@ def worker_main(
             _run_to_the_end(_serve_async(connection, env_host, step_timeout))
         finally:
             host.close()
-    except (EOFError, ConnectionError):
-        pass  # the parent is gone: there is nobody to report to
+    except (EOFError, ConnectionError):  # the agent is gone: there is nobody to report to
+        _end_with_agent()
+
+
+def _end_with_agent() -> None:
+    """End as a worker killed with its agent would: a worker that leads its process
+    group (a zygote's) takes the processes its envs started along (a simulator their
+    close() left running). It can read the end of its channel before its pidfd watch or
+    the zygote kill it, and a worker ending normally is not its group's killer."""
+    if os.getpgid(0) == os.getpid():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.killpg(0, signal.SIGKILL)
 
 
 #: A streamed step flushes the envs done so far once this much time has passed.
@@ -384,12 +395,13 @@ async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float |
             loop.call_soon(on_readable)
 
     server = AsyncEnvServer(host, emit=emit, step_timeout=step_timeout)
-    stopped = loop.create_future()
+    stopped: asyncio.Future[bool] = loop.create_future()  # True: told to close
 
     def on_readable() -> None:
         for frame in connection.receive_ready():
             command = expand_command(decode_command(frame), host.group)
             if isinstance(command, Close):
+                closed = True
                 break
             failed = undecodable_reply(command)
             if failed is not None:
@@ -399,16 +411,19 @@ async def _serve_async(connection: Channel, host: EnvHost, step_timeout: float |
         else:
             if not connection.eof:
                 return
+            closed = False
         if not stopped.done():
-            stopped.set_result(None)
+            stopped.set_result(closed)
 
     loop.add_reader(connection.fileno(), on_readable)
     on_readable()  # frames read ahead while setting up are already in the channel's buffer
     try:
-        await stopped
+        closed = await stopped
     finally:
         loop.remove_reader(connection.fileno())
         await server.aclose()
+    if not closed:
+        raise EOFError("the agent closed the connection")
 
 
 def _stream_step(
