@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn, cast
 
 import numpy as np
@@ -116,6 +116,8 @@ class Scheduler:
         self.worker_restarts = [0] * len(backend.groups)  # total, per worker
         self._crashes_in_a_row = [0] * len(backend.groups)
         self._timed_out: dict[int, list[int]] = {}  # worker -> env ids it was killed for
+        # worker -> when its last answer arrived (kept with a step_timeout only)
+        self._answered_at: dict[int, float] = {}
         self.state = bytearray(num_envs)  # IDLE/BUSY/READY per env (cheap single-item access)
         self.worker_of = np.empty(num_envs, dtype=np.intp)
         for worker, group in enumerate(backend.groups):
@@ -292,10 +294,7 @@ class Scheduler:
                         return
                     raise WaitTimeoutError(f"no result within {timeout} s")
             if self.step_timeout is not None and self._tickets:
-                expires = min(
-                    self._sent_at(ticket) + self._kill_after(ticket)
-                    for ticket in self._tickets.values()
-                )
+                expires = min((kill_at for _, kill_at in self._kill_times()), default=math.inf)
                 if expires <= now:
                     self._kill_late_workers(now)
                     expires = now + 0.05  # the kill is reported through the sentinel
@@ -433,10 +432,26 @@ class Scheduler:
             ticket.failure = None
             ticket.errors.clear()
 
-    def _sent_at(self, ticket: Ticket) -> float:
-        """When ``ticket``'s command reached a worker able to run it (a restarted worker
-        builds its envs first, under its own start-up deadline)."""
-        return max(ticket.sent_at, self.backend.ready_since(ticket.worker))
+    def _kill_times(self) -> Iterator[tuple[Ticket, float]]:
+        """Each in-flight ticket that its worker runs now, with the time at which the
+        worker is killed if it is still unanswered (see :meth:`_kill_after`).
+
+        Its clock starts once the command reached a worker able to run it (a restarted
+        worker builds its envs first, under its own start-up deadline) and, on a worker
+        that runs its commands in turn, once the commands before it were answered: a
+        command queued there (first-ready sends, one env at a time) is not late for the
+        time the others took. Such a worker's later commands are not running yet."""
+        backend, answered_at = self.backend, self._answered_at
+        running_in_turn: set[int] = set()
+        for ticket in self._tickets.values():  # in the order they were sent
+            worker = ticket.worker
+            started = max(ticket.sent_at, backend.ready_since(worker))
+            if not backend.steps_concurrently(worker):
+                if worker in running_in_turn:
+                    continue
+                running_in_turn.add(worker)
+                started = max(started, answered_at.get(worker, 0.0))
+            yield ticket, started + self._kill_after(ticket)
 
     def _kill_after(self, ticket: Ticket) -> float:
         """Seconds after which ``ticket``'s command, still unanswered, gets its worker
@@ -447,12 +462,13 @@ class Scheduler:
             # It answers for its late envs at step_timeout; killing is the backstop for a
             # worker too busy to do so (an async env that blocks its loop).
             return step_timeout + max(1.0, step_timeout)
-        return step_timeout * self.backend.calls_in_turn(ticket.worker, len(ticket.env_ids))
+        # After a streamed step's partial answer, its clock restarted (see _kill_times)
+        # for the envs still owing theirs.
+        return step_timeout * self.backend.calls_in_turn(ticket.worker, ticket.unanswered())
 
     def _kill_late_workers(self, now: float) -> None:
-        for ticket in self._tickets.values():
-            late = now - self._sent_at(ticket) >= self._kill_after(ticket)
-            if late and ticket.worker not in self._timed_out:
+        for ticket, kill_at in list(self._kill_times()):
+            if kill_at <= now and ticket.worker not in self._timed_out:
                 # Only the envs still owing their result: the others already answered.
                 answered = ticket.answered or ()
                 self._timed_out[ticket.worker] = [e for e in ticket.env_ids if e not in answered]
@@ -471,6 +487,10 @@ class Scheduler:
 
     def _apply(self, messages: list[WorkerEvent]) -> None:
         tickets = self._tickets
+        if self.step_timeout is not None:  # the worker goes on with its next command
+            now = time.monotonic()
+            for worker, _ in messages:
+                self._answered_at[worker] = now
         for worker, message in messages:
             if isinstance(message, WorkerExit):
                 self._worker_exited(worker, message)

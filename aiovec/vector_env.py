@@ -537,6 +537,9 @@ class VecEnv(SplitCalls, VectorEnv):
         memory: ``(env ids, make_step(seq, group))`` building each worker's command.
         Raises before anything is written when a check fails."""
         self._check_open("send")
+        # With a step_timeout, a worker stepping its envs in turn also answers each slow
+        # env as it is done, so that a timeout names only the envs still owing theirs.
+        stream = stream or self._scheduler.step_timeout is not None
         env_ids, rows = self._resolve_env_ids(env_ids)
         if self.envs_per_block is not None and rows != slice(None):
             self._check_whole_blocks(env_ids, "send actions to")

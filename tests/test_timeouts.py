@@ -14,6 +14,7 @@ import aiovec
 from tests.async_envs import AsyncCounterEnv, StubbornAsyncEnv
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv
+from tests.faulty import FaultyEnv
 from tests.helpers import run_python
 
 BOUND = 30
@@ -160,3 +161,47 @@ async def test_step_timeout_bounds_each_env_not_a_workers_whole_command(env_fn, 
         while len(received) < 4:
             received += (await asyncio.wait_for(venv.recv(), BOUND)).env_ids.tolist()
         assert sorted(received) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "env_fn, options",
+    [
+        (partial(CounterEnv, delay=0.25), {"concurrent_envs": False}),
+        (partial(BusyEnv, seconds=0.25), {}),
+    ],
+    ids=["sleeping in turn", "computing"],
+)
+async def test_step_timeout_counts_from_when_a_queued_command_starts(env_fn, options):
+    """First-ready commands sent one env at a time to a worker that steps its envs in
+    turn wait for the ones before them: each env, taking half of step_timeout, is given
+    its step_timeout from when its worker gets to it, not from its own send."""
+    async with aiovec.VecEnv(
+        [env_fn] * 4, num_workers=1, step_timeout=0.5, close_timeout=1, **options
+    ) as venv:
+        await venv.areset()
+        for _ in range(2):
+            for env_id in range(4):
+                venv.send(np.zeros(1, dtype=np.int64), env_ids=[env_id])
+            received = []
+            while len(received) < 4:
+                batch = await asyncio.wait_for(venv.recv(), BOUND)
+                received += batch.env_ids.tolist()
+            assert sorted(received) == [0, 1, 2, 3]
+
+
+def test_a_lockstep_step_timeout_names_only_the_envs_that_owe_their_result():
+    """A worker stepping three envs in turn, the middle one hanging: the timeout names
+    the hung env and the one waiting behind it, not the env whose step was done."""
+    env_fns = [
+        partial(CounterEnv, 0, delay=0.05),
+        partial(FaultyEnv, 1, "hang", at_step=2),
+        partial(CounterEnv, 2, delay=0.05),
+    ]
+    with aiovec.VecEnv(
+        env_fns, num_workers=1, step_timeout=0.5, close_timeout=1, concurrent_envs=False
+    ) as venv:
+        venv.reset()
+        venv.step(np.zeros(3, dtype=np.int64))
+        with pytest.raises(aiovec.StepTimeoutError) as caught:
+            venv.step(np.zeros(3, dtype=np.int64))
+    assert caught.value.timed_out == [1, 2]
