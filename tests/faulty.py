@@ -156,3 +156,25 @@ class AsyncSimulatorEnv(AsyncCounterEnv):
         self.simulator = subprocess.Popen(["sleep", "300"])
         with open(pid_file, "w") as out:
             out.write(str(self.simulator.pid))
+
+
+class GeneratorExitAsyncEnv(AsyncCounterEnv):
+    """An async env that raises ``GeneratorExit`` itself (a simulator client built on
+    generators that lets one escape) in its ``at_step``-th step, or in ``reset`` when
+    ``in_reset``, from its second reset on."""
+
+    def __init__(self, env_index: int = 0, at_step: int = 2, in_reset: bool = False) -> None:
+        super().__init__(env_index)
+        self.at_step, self.in_reset, self.resets = at_step, in_reset, 0
+
+    async def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        if self.in_reset and self.resets > 1:
+            raise GeneratorExit(f"simulator {self.env_index} gone while resetting")
+        return await super().reset(seed=seed, options=options)
+
+    async def step(self, action):
+        if not self.in_reset and self.steps_since_built + 1 == self.at_step:
+            self.steps_since_built += 1
+            raise GeneratorExit(f"simulator {self.env_index} gone")
+        return await super().step(action)

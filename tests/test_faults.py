@@ -22,6 +22,8 @@ from tests.envs import CounterEnv
 from tests.faulty import Abort, BadObservationEnv, FailingConstructorEnv, FaultyEnv
 from tests.helpers import random_traffic, start_agent
 
+BOUND = 30  # seconds: any wait longer than this is a hang
+
 CRASHES = {
     "exit": r"exit code 7",
     "sigkill": r"killed by SIGKILL",
@@ -587,3 +589,27 @@ def test_a_killed_agent_takes_its_envs_processes_along(tmp_path, serving):
         time.sleep(0.05)
     assert not [pid for pid in simulators if pid_alive(pid)]
     assert not [pid for pid in pids if pid_alive(pid)]
+
+
+@pytest.mark.parametrize("backend_name", ["process", "coroutine"])
+@pytest.mark.parametrize("where", ["step", "reset"])
+def test_an_async_env_raising_generatorexit_itself_fails_its_call(backend_name, where):
+    """A GeneratorExit an async env raises itself (not one closing its coroutine) is
+    that env's error, with its message: the call fails, it never waits forever."""
+    from tests.faulty import GeneratorExitAsyncEnv
+
+    env_fns = [partial(AsyncCounterEnv, 0)] + [
+        partial(GeneratorExitAsyncEnv, 1, in_reset=where == "reset")
+    ]
+    with aiovec.VecEnv(env_fns, backend=backend_name) as venv:
+        venv.reset()
+        venv.step([0, 0])
+        with pytest.raises(aiovec.EnvError, match="simulator 1 gone") as caught:
+            if where == "step":
+                venv.step_async([0, 0])
+                venv.step_wait(timeout=BOUND)
+            else:
+                venv.reset_async()
+                venv.reset_wait(timeout=BOUND)
+        assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"
+        assert caught.value.operation == where

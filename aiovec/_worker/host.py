@@ -574,7 +574,11 @@ class EnvHost(HostState):
         """:meth:`_recover` for envs whose methods may return awaitables."""
         try:
             info = await self._drive_async(env_id, self._recover_flow(env_id, exc))
-        except env_errors() as final:
+        except BaseException as final:
+            # ``exc`` itself, re-raised when it is not rebuilt, is the env's error even
+            # when no env_errors() class (a GeneratorExit the env raised: see AsyncEnvServer).
+            if final is not exc and not isinstance(final, env_errors()):
+                raise
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
         return StepOutcome(env_id, info, None, False)
 
