@@ -14,6 +14,7 @@ with ``DISABLED`` call ``reset`` for the envs you reset.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -235,12 +236,18 @@ def _row(batch: Any, row: int) -> Any:
 
 
 def _own(value: Any) -> Any:
-    """``value`` with a copy of each array in it (maybe a view of a buffer)."""
+    """A copy of ``value`` that nothing else changes: its arrays (maybe views of a
+    buffer) and lists (a caller's, refilled in place) are copied, as is any other
+    mutable object in it."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
     if isinstance(value, dict):
         return {key: _own(item) for key, item in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_own(item) for item in value)
-    return value.copy() if isinstance(value, np.ndarray) else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_own(item) for item in value)
+    if isinstance(value, (int, float, bool, complex, str, bytes, np.generic)) or value is None:
+        return value  # immutable: nothing to copy
+    return copy.deepcopy(value)
 
 
 def _stack(items: list[Any]) -> Any:

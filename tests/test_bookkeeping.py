@@ -206,3 +206,25 @@ async def test_assembler_keeps_what_was_sent_and_received_not_views_of_reused_bu
         )
     env.close()
     reference.close()
+
+
+async def test_assembler_keeps_a_copy_of_actions_given_as_nested_lists():
+    """Actions given as a list of per-env lists (SB3's way), refilled in place by the
+    caller after each send: every transition holds the action of its own step."""
+    num_envs = 2
+    env = aiovec.make("Pendulum-v1", num_envs, backend="inline")
+    assembler = TransitionAssembler(num_envs)
+    observations, _ = await env.areset(seed=0)
+    assembler.reset(observations)
+    actions = [[0.0] for _ in range(num_envs)]  # refilled in place every step
+    for step in range(3):
+        for row in actions:
+            row[0] = step / 4
+        assembler.sent(actions)
+        env.send(np.asarray(actions, np.float32))
+        assembler.received(await env.recv(min_envs=num_envs))
+    for row in actions:
+        row[0] = 1.5
+    chunk = assembler.take(3)
+    assert chunk.actions[:, :, 0].tolist() == [[0.0, 0.25, 0.5]] * num_envs
+    env.close()
