@@ -7,6 +7,7 @@ import gc
 import os
 import signal
 import threading
+import time
 from functools import partial
 
 import gymnasium as gym
@@ -46,7 +47,6 @@ def test_a_zygote_whose_agent_left_while_it_started_exits_quietly():
     import socket
     import subprocess
     import sys
-    import time
 
     from aiovec._worker import zygote
 
@@ -95,6 +95,40 @@ def test_an_interrupted_zygote_request_never_desynchronizes_later_ones(monkeypat
     with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
         observations, _ = venv.reset()
         assert observations.shape == (2, 2)
+
+
+def test_ctrl_c_landing_on_another_thread_waits_for_the_zygotes_answer(monkeypatch):
+    """A terminal's SIGINT may be delivered to any thread of the agent (Ray's, a user's):
+    the KeyboardInterrupt it raises in the main thread still waits until a zygote
+    request has its answer, so the zygote is kept and the worker is not lost."""
+    with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+        venv.reset()
+    zygote = _zygote.shared()
+    bystander_may_end = threading.Event()
+    bystander = threading.Thread(target=bystander_may_end.wait, daemon=True)
+    bystander.start()
+    real_receive = _zygote._receive_frame
+    calls = []
+
+    def interrupted_elsewhere(sock):
+        if not calls:
+            calls.append(1)
+            signal.pthread_kill(bystander.ident, signal.SIGINT)  # not this thread's
+            time.sleep(0.05)  # its handler has run: the main thread is due to raise
+        return real_receive(sock)
+
+    monkeypatch.setattr(_zygote, "_receive_frame", interrupted_elsewhere)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            aiovec.VecEnv([CounterEnv] * 2, num_workers=2)
+    finally:
+        bystander_may_end.set()
+    assert calls and zygote.alive  # raised after the answer: requests still in step
+    monkeypatch.setattr(_zygote, "_receive_frame", real_receive)
+    with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+        observations, _ = venv.reset()
+        assert observations.shape == (2, 2)
+    assert _zygote.shared() is zygote
 
 
 def test_a_forked_child_closing_its_copy_leaves_the_parents_workers_alone():

@@ -208,17 +208,29 @@ START_TIMEOUT = 60.0
 
 
 class _no_interrupt:
-    """Defers Ctrl-C (SIGINT) in the main thread until a request has its answer, so
-    that an interrupt never leaves an answer unread."""
+    """Defers Ctrl-C until a request has its answer, so that an interrupt never leaves
+    an answer unread. A SIGINT may be delivered to any thread of the agent (Ray's, a
+    user's), but its handler runs in the main thread: while a request of the main thread
+    waits, the handler in place only notes it; the interrupt is raised again at the end.
+    A request from another thread is never interrupted (nothing is raised there)."""
 
     def __enter__(self) -> None:
-        self._blocked = threading.current_thread() is threading.main_thread()
-        if self._blocked:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        self._previous: Any = None
+        self._interrupted = False
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):  # not SIG_IGN, nor SIG_DFL (which raises nothing)
+                self._previous = previous
+                signal.signal(signal.SIGINT, self._note)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self._interrupted = True
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self._blocked:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            if self._interrupted:  # delivered again, to the handler now in place
+                signal.raise_signal(signal.SIGINT)
 
 
 def shared() -> Zygote:
