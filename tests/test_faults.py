@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 import traceback
 from functools import partial
@@ -613,3 +616,51 @@ def test_an_async_env_raising_generatorexit_itself_fails_its_call(backend_name, 
                 venv.reset_wait(timeout=BOUND)
         assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"
         assert caught.value.operation == where
+
+
+@pytest.mark.parametrize("before", ["descriptors", "layout"])
+def test_ctrl_c_while_handing_buffers_to_workers_leaves_them_quiet(tmp_path, before):
+    """Ctrl-C lands while the agent hands the shared buffers to its workers: the
+    workers still waiting for them are closed without printing tracebacks (they used
+    to read the Close as their descriptors: ``received 0 items of ancdata``)."""
+    script = tmp_path / "agent.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            import aiovec
+            from aiovec.backends.process import ProcessBackend
+            from tests.envs import CounterEnv
+
+            original = ProcessBackend._hand_buffers
+
+            def interrupted(self, worker):
+                if worker == 1:
+                    if {before!r} == "descriptors":
+                        raise KeyboardInterrupt
+                    connection = self._connections[worker]
+                    real_send = connection.send
+                    def send(payload, *args, **kwargs):
+                        connection.send = real_send  # the layout's send only
+                        raise KeyboardInterrupt
+                    connection.send = send
+                return original(self, worker)
+
+            ProcessBackend._hand_buffers = interrupted
+            try:
+                aiovec.VecEnv([CounterEnv] * 3, num_workers=3)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            time.sleep(1)  # the workers' output, if any, arrives meanwhile
+            """
+        )
+    )
+    agent = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert agent.stdout.strip() == "interrupted"
+    assert "Traceback" not in agent.stderr, agent.stderr

@@ -243,9 +243,17 @@ class Channel:
 
     def receive_fds(self, limit: int = 0) -> list[int]:
         """The descriptors of one :meth:`send_fds` (at most ``limit``, default
-        :data:`MAX_FDS`); call with no frame pending."""
+        :data:`MAX_FDS`); call with no frame pending.
+
+        Raises:
+            EOFError: the other end closed, or sent a frame instead (it gave up handing
+                them over: a Ctrl-C there, then its ``Close``).
+        """
         assert not self._pending, "a descriptor must not be interleaved with read-ahead frames"
-        fds = list(recvfds(self.sock, limit or MAX_FDS))
+        try:
+            fds = list(recvfds(self.sock, limit or MAX_FDS))
+        except RuntimeError as exc:  # bytes without descriptors
+            raise EOFError(f"no descriptors came: {exc}") from None
         for fd in fds:  # ours alone: never inherited by a program this process starts
             os.set_inheritable(fd, False)
         return fds

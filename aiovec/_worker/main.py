@@ -171,7 +171,7 @@ def worker_main(
             # The region lives until this process exits; the kernel frees it after the last user.
             region_fd, *line_fds = connection.receive_fds()
             env_lines = _lines(line_fds, list(envs))
-            observation_space, action_space, num_envs, size = pickle.loads(connection.receive())
+            observation_space, action_space, num_envs, size = _layout(connection.receive())
             region = SharedRegion(size, fd=region_fd)
             host.attach(
                 build_buffers(observation_space, action_space, num_envs, region.allocator())
@@ -189,8 +189,27 @@ def worker_main(
             _run_to_the_end(_serve_async(connection, env_host, step_timeout))
         finally:
             host.close()
-    except (EOFError, ConnectionError):  # the agent is gone: there is nobody to report to
+    except (EOFError, ConnectionError):  # the agent is gone (or gave up on us): nobody to report to
         _end_with_agent()
+
+
+def _layout(frame: bytes) -> Any:
+    """The buffers' layout the agent sent after their descriptors.
+
+    Raises:
+        EOFError: the agent sent ``Close`` instead (it gave up on this worker: a Ctrl-C
+            while it handed the buffers out).
+    """
+    try:
+        return pickle.loads(frame)
+    except Exception:
+        try:
+            command = decode_command(frame)
+        except Exception:
+            command = None
+        if isinstance(command, Close):
+            raise EOFError("closed before the buffers' layout came") from None
+        raise
 
 
 def _end_with_agent() -> None:
