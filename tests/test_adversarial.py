@@ -68,6 +68,16 @@ def test_a_zygote_whose_agent_left_while_it_started_exits_quietly():
     assert "Traceback" not in stderr, stderr
 
 
+def test_a_terminals_ctrl_c_never_reaches_the_zygote():
+    """The zygote runs in a process group of its own: a terminal's Ctrl-C (sent to the
+    agent's group) cannot interrupt it, not even while its interpreter starts, before
+    any of its code can ignore SIGINT (it printed ``init_import_site`` failures)."""
+    with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+        venv.reset()
+    zygote_pid = _zygote.shared()._process.pid
+    assert os.getpgid(zygote_pid) == zygote_pid != os.getpgid(0)
+
+
 def _ignores_sigint(pid: int) -> bool:
     with open(f"/proc/{pid}/status") as status:
         ignored = next(line for line in status if line.startswith("SigIgn:"))

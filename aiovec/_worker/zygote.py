@@ -116,11 +116,18 @@ class Zygote:
         self._lock = threading.Lock()
         self._sock = parent_end
         self._pid_of_owner = os.getpid()
+        # A process group of its own: a terminal's Ctrl-C (sent to the agent's group)
+        # never reaches it, not even while its interpreter starts, before any of its
+        # code runs. Its workers lead groups of their own anyway (see _fork).
+        own_group: dict[str, Any] = (
+            {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+        )
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-c", command],
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
+                **own_group,
             )
         finally:
             child_end.close()
