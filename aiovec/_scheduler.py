@@ -116,8 +116,10 @@ class Scheduler:
         self.worker_restarts = [0] * len(backend.groups)  # total, per worker
         self._crashes_in_a_row = [0] * len(backend.groups)
         self._timed_out: dict[int, list[int]] = {}  # worker -> env ids it was killed for
-        # worker -> when its last answer arrived (kept with a step_timeout only)
+        # worker -> when its last answer arrived, and env id -> when its last answer
+        # arrived (kept with a step_timeout only: see _kill_times)
         self._answered_at: dict[int, float] = {}
+        self._env_answered_at: dict[int, float] = {}
         self.state = bytearray(num_envs)  # IDLE/BUSY/READY per env (cheap single-item access)
         self.worker_of = np.empty(num_envs, dtype=np.intp)
         for worker, group in enumerate(backend.groups):
@@ -437,16 +439,29 @@ class Scheduler:
         worker is killed if it is still unanswered (see :meth:`_kill_after`).
 
         Its clock starts once the command reached a worker able to run it (a restarted
-        worker builds its envs first, under its own start-up deadline) and, on a worker
-        that runs its commands in turn, once the commands before it were answered: a
-        command queued there (first-ready sends, one env at a time) is not late for the
-        time the others took. Such a worker's later commands are not running yet."""
-        backend, answered_at = self.backend, self._answered_at
-        running_in_turn: set[int] = set()
+        worker builds its envs first, under its own start-up deadline) and once the
+        commands it waits for were answered: on a worker that runs its commands in turn,
+        all those sent before it; on one that runs its envs at once, those before it to
+        any of its envs (each env runs its commands in order). A command queued there
+        (first-ready sends one env at a time, a call sent while a step runs) is not late
+        for the time the others took; it is not running yet while it waits."""
+        backend = self.backend
+        answered_at, env_answered_at = self._answered_at, self._env_answered_at
+        running_in_turn: set[int] = set()  # in-turn workers whose running ticket was seen
+        running_envs: set[int] = set()  # envs of concurrent workers with a running ticket
         for ticket in self._tickets.values():  # in the order they were sent
             worker = ticket.worker
             started = max(ticket.sent_at, backend.ready_since(worker))
-            if not backend.steps_concurrently(worker):
+            if backend.steps_concurrently(worker):
+                if not running_envs.isdisjoint(ticket.env_ids):
+                    running_envs.update(ticket.env_ids)
+                    continue
+                running_envs.update(ticket.env_ids)
+                answered = ticket.answered or ()
+                for env_id in ticket.env_ids:
+                    if env_id not in answered:  # when its command before this one ended
+                        started = max(started, env_answered_at.get(env_id, 0.0))
+            else:
                 if worker in running_in_turn:
                     continue
                 running_in_turn.add(worker)
@@ -487,11 +502,12 @@ class Scheduler:
 
     def _apply(self, messages: list[WorkerEvent]) -> None:
         tickets = self._tickets
-        if self.step_timeout is not None:  # the worker goes on with its next command
+        timed = self.step_timeout is not None
+        if timed:
             now = time.monotonic()
-            for worker, _ in messages:
-                self._answered_at[worker] = now
         for worker, message in messages:
+            if timed:  # the worker (and the envs answered) go on with their next command
+                self._answered_at[worker] = now
             if isinstance(message, WorkerExit):
                 self._worker_exited(worker, message)
                 continue
@@ -500,6 +516,9 @@ class Scheduler:
                 continue
             if not message.env_ids:  # sent compact: the command's whole group
                 message.env_ids = ticket.env_ids
+            if timed:
+                for env_id in message.env_ids:
+                    self._env_answered_at[env_id] = now
             self._count_busy(worker, message)
             if message.progressed:  # real work happened: not a crash loop
                 self._crashes_in_a_row[worker] = 0

@@ -205,3 +205,36 @@ def test_a_lockstep_step_timeout_names_only_the_envs_that_owe_their_result():
         with pytest.raises(aiovec.StepTimeoutError) as caught:
             venv.step(np.zeros(3, dtype=np.int64))
     assert caught.value.timed_out == [1, 2]
+
+
+class _PausingEnv(CounterEnv):
+    """A CounterEnv with a ``pause(seconds)`` method that sleeps (a slow query)."""
+
+    def pause(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.env_index
+
+
+@pytest.mark.parametrize("concurrent_envs", [False, True], ids=["in turn", "threads"])
+async def test_a_call_queued_behind_an_envs_step_counts_from_when_it_starts(concurrent_envs):
+    """A call sent to envs while their steps run waits for them in each env's queue:
+    each call, taking about half of step_timeout like each step, is not late for the
+    time the step before it took."""
+    env_fns = [partial(_PausingEnv, i, delay=0.3) for i in range(2)]
+    async with aiovec.VecEnv(
+        env_fns,
+        num_workers=1,
+        step_timeout=0.5,
+        close_timeout=1,
+        concurrent_envs=concurrent_envs,
+    ) as venv:
+        await venv.areset()
+        for _ in range(2):
+            venv.send(np.zeros(2, dtype=np.int64))
+            if concurrent_envs:
+                assert await venv.acall("pause", 0.3) == (0, 1)
+            else:  # one env at a time: each call waits for every step before it
+                assert await venv.acall("pause", 0.1) == (0, 1)
+            received = []
+            while len(received) < 2:
+                received += (await asyncio.wait_for(venv.recv(), BOUND)).env_ids.tolist()
