@@ -533,3 +533,22 @@ def test_a_registration_that_cannot_travel_is_a_clear_error_before_any_actor_sta
             aiovec.make("RayLockedCounter-v0", 2, backend="ray")
     finally:
         gym.registry.pop("RayLockedCounter-v0", None)
+
+
+async def test_a_call_queued_behind_an_envs_step_in_an_actor_is_not_late():
+    from tests.test_timeouts import _PausingEnv
+
+    # The actor steps its sleeping envs at once, each env's commands in order: the call
+    # waits for the env's step, and each takes 0.35 s of the 0.5 s step_timeout.
+    async with aiovec.VecEnv(
+        [partial(_PausingEnv, i, delay=0.35) for i in range(2)],
+        backend="ray",
+        num_workers=1,
+        step_timeout=0.5,
+        ray_options={"num_cpus": 0},
+    ) as venv:
+        await venv.areset()
+        for _ in range(2):
+            venv.send(np.zeros(1, dtype=np.int64), [0])
+            assert await venv.acall("pause", 0.35, env_ids=[0]) == (0,)
+            assert (await venv.recv()).env_ids.tolist() == [0]

@@ -238,3 +238,22 @@ async def test_a_call_queued_behind_an_envs_step_counts_from_when_it_starts(conc
             received = []
             while len(received) < 2:
                 received += (await asyncio.wait_for(venv.recv(), BOUND)).env_ids.tolist()
+
+
+class _AsyncPausingEnv(AsyncCounterEnv):
+    """An AsyncCounterEnv with an async ``pause(seconds)`` method (a slow query)."""
+
+    async def pause(self, seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        return self.env_index
+
+
+async def test_calls_queued_on_one_async_env_in_a_worker_are_not_late():
+    """Six calls gathered on one async env of a worker process run one after another
+    there, each within step_timeout: the agent does not kill the worker for the time
+    the calls before each one took (its backstop counts from when the env starts it)."""
+    env_fns = [partial(_AsyncPausingEnv, i) for i in range(2)]
+    async with aiovec.VecEnv(env_fns, backend="process", step_timeout=0.5) as venv:
+        await venv.areset()
+        calls = [venv.acall("pause", 0.4, env_ids=[0]) for _ in range(6)]
+        assert await asyncio.gather(*calls) == [(0,)] * 6
