@@ -6,6 +6,7 @@ import asyncio
 import gc
 import os
 import signal
+import textwrap
 import threading
 import time
 from functools import partial
@@ -20,6 +21,7 @@ from aiovec._worker import zygote as _zygote
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv
 from tests.faulty import FaultyEnv
+from tests.helpers import run_python
 
 BOUND = 30
 
@@ -139,6 +141,49 @@ def test_ctrl_c_landing_on_another_thread_waits_for_the_zygotes_answer(monkeypat
         observations, _ = venv.reset()
         assert observations.shape == (2, 2)
     assert _zygote.shared() is zygote
+
+
+@pytest.mark.parametrize("handler_does", ["close", "build"])
+def test_a_ctrl_c_handler_that_uses_aiovec_runs_after_a_zygote_request(handler_does):
+    """A SIGINT handler of the user's that closes or builds a vector env (clean-up on
+    Ctrl-C), the Ctrl-C landing while a zygote request waits: the handler runs once,
+    after the request, and can itself use the zygote (it deadlocked on its lock)."""
+    source = textwrap.dedent(
+        f"""
+        import os, signal, threading
+        from functools import partial
+        import aiovec
+        import aiovec._worker.zygote as zygote
+        from tests.envs import CounterEnv
+
+        first = aiovec.VecEnv([partial(CounterEnv, i) for i in range(2)], num_workers=2)
+        first.reset()
+        calls = []
+
+        def handler(signum, frame):
+            calls.append(signum)
+            if {handler_does!r} == "close":
+                first.close()
+            else:
+                aiovec.VecEnv([CounterEnv], num_workers=1).close()
+
+        signal.signal(signal.SIGINT, handler)
+        real_receive, fired = zygote._receive_frame, []
+
+        def receive(sock):
+            if not fired and threading.current_thread() is threading.main_thread():
+                fired.append(1)
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, mid-request
+            return real_receive(sock)
+
+        zygote._receive_frame = receive
+        second = aiovec.VecEnv([partial(CounterEnv, i) for i in range(2)], num_workers=2)
+        print(len(calls), signal.getsignal(signal.SIGINT) is handler, second.reset()[0].shape)
+        second.close()
+        """
+    )
+    result = run_python(source, timeout=BOUND)
+    assert result.stdout.split() == ["1", "True", "(2,", "2)"], result.stderr
 
 
 def test_a_forked_child_closing_its_copy_leaves_the_parents_workers_alone():

@@ -155,7 +155,9 @@ class Zygote:
     def _request(self, message: Any, fds: Sequence[int] = ()) -> tuple[Any, list[int]]:
         if self._broken:
             raise OSError("the zygote's requests and answers fell out of step")
-        with self._lock, _no_interrupt():
+        # The lock is taken inside the guard: the deferred Ctrl-C is raised once it is
+        # released, so that a handler of the user's may use the zygote (close a vector env).
+        with _no_interrupt(), self._lock:
             try:
                 self._sock.settimeout(START_TIMEOUT)
                 _send_frame(self._sock, pickle.dumps(message), fds)
@@ -207,7 +209,9 @@ class Zygote:
 
 
 _shared: Zygote | None = None
-_shared_lock = threading.Lock()
+# Re-entrant: a Ctrl-C handler of the user's may build a vector env while this thread
+# starts the zygote.
+_shared_lock = threading.RLock()
 
 
 #: Seconds the zygote may take to start, or to answer a request.
@@ -259,7 +263,7 @@ def _close_shared() -> None:
 def _forget_after_fork() -> None:
     """A forked child must not keep the parent's zygote alive, nor talk to it."""
     global _shared, _shared_lock
-    _shared_lock = threading.Lock()
+    _shared_lock = threading.RLock()
     if _shared is not None:
         try:
             _shared._sock.close()
