@@ -238,16 +238,24 @@ def _row(batch: Any, row: int) -> Any:
 def _own(value: Any) -> Any:
     """A copy of ``value`` that nothing else changes: its arrays (maybe views of a
     buffer) and lists (a caller's, refilled in place) are copied, as is any other
-    mutable object in it."""
+    mutable object in it that can be; one that cannot (it holds a lock, a tensor in an
+    autograd graph) is kept as given. Lists and tuples come back as plain ones
+    (a named tuple as itself), dicts as plain dicts: they are stacked later."""
     if isinstance(value, np.ndarray):
         return value.copy()
     if isinstance(value, dict):
         return {key: _own(item) for key, item in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_own(item) for item in value)
+    if isinstance(value, list):
+        return [_own(item) for item in value]
+    if isinstance(value, tuple):
+        items = (_own(item) for item in value)
+        return value._make(items) if hasattr(value, "_make") else tuple(items)
     if isinstance(value, (int, float, bool, complex, str, bytes, np.generic)) or value is None:
         return value  # immutable: nothing to copy
-    return copy.deepcopy(value)
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return value
 
 
 def _stack(items: list[Any]) -> Any:

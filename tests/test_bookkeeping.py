@@ -228,3 +228,34 @@ async def test_assembler_keeps_a_copy_of_actions_given_as_nested_lists():
     chunk = assembler.take(3)
     assert chunk.actions[:, :, 0].tolist() == [[0.0, 0.25, 0.5]] * num_envs
     env.close()
+
+
+def test_assembler_takes_any_action_it_took_before_copies_were_kept():
+    """Named tuples, list subclasses and objects that cannot be copied (they hold a
+    lock) are accepted as actions: copied where they can be, kept as given otherwise."""
+    import collections
+    import threading
+
+    Pair = collections.namedtuple("Pair", "x y")
+
+    class TwoItems(list):
+        def __init__(self, first, second):
+            super().__init__([first, second])
+
+    class Locked:
+        def __init__(self, value):
+            self.value, self.lock = value, threading.Lock()
+
+    locked = [Locked(1), Locked(2)]
+    for actions in ([Pair(1, 2), Pair(3, 4)], [TwoItems(1, 2), TwoItems(3, 4)], locked):
+        assembler = TransitionAssembler(2)
+        assembler.reset(np.zeros((2, 3)))
+        assembler.sent(actions)
+        assembler.received(
+            aiovec.Batch(
+                np.ones((2, 3)), np.ones(2), np.zeros(2, bool), np.zeros(2, bool), {}, np.arange(2)
+            )
+        )
+        chunk = assembler.take(1)
+        assert len(chunk.actions) == 2
+    assert chunk.actions[:, 0].tolist() == locked  # kept as given: not copyable
