@@ -161,11 +161,30 @@ class AsyncSimulatorEnv(AsyncCounterEnv):
 class GeneratorExitAsyncEnv(AsyncCounterEnv):
     """An async env that raises ``GeneratorExit`` itself (a simulator client built on
     generators that lets one escape) in its ``at_step``-th step, or in ``reset`` when
-    ``in_reset``, from its second reset on."""
+    ``in_reset``, from its second reset on; also in ``close`` when ``in_close``, and in
+    its constructor once rebuilt when given ``builds``."""
 
-    def __init__(self, env_index: int = 0, at_step: int = 2, in_reset: bool = False) -> None:
+    def __init__(
+        self,
+        env_index: int = 0,
+        at_step: int = 2,
+        in_reset: bool = False,
+        in_close: bool = False,
+        builds: list[int] | None = None,
+    ) -> None:
+        # builds: shared by the rebuilds of one factory: raise in each rebuild
+        if builds is not None:
+            builds[0] += 1
+            if builds[0] > 1:
+                raise GeneratorExit(f"simulator {env_index} gone while rebuilding")
         super().__init__(env_index)
         self.at_step, self.in_reset, self.resets = at_step, in_reset, 0
+        self.in_close = in_close
+
+    async def close(self):
+        if self.in_close:
+            raise GeneratorExit(f"simulator {self.env_index} gone while closing")
+        await super().close()
 
     async def reset(self, *, seed=None, options=None):
         self.resets += 1

@@ -664,3 +664,44 @@ def test_ctrl_c_while_handing_buffers_to_workers_leaves_them_quiet(tmp_path, bef
     )
     assert agent.stdout.strip() == "interrupted"
     assert "Traceback" not in agent.stderr, agent.stderr
+
+
+@pytest.mark.parametrize("backend_name", ["process", "coroutine"])
+@pytest.mark.parametrize("again_in", ["close", "rebuild"])
+def test_an_async_envs_generatorexit_while_it_is_rebuilt_fails_the_step(backend_name, again_in):
+    """Under the restart policy, an async env's step raises GeneratorExit, then its
+    close() or its factory raises another while it is rebuilt: the step fails with
+    that error (it was never answered), and the vector env goes on and closes."""
+    from tests.faulty import GeneratorExitAsyncEnv
+
+    builds = [0] if again_in == "rebuild" else None
+    env_fns = [
+        partial(AsyncCounterEnv, 0),
+        partial(GeneratorExitAsyncEnv, 1, in_close=again_in == "close", builds=builds),
+    ]
+    with aiovec.VecEnv(env_fns, backend=backend_name, on_failure="restart", max_restarts=3) as venv:
+        venv.reset()
+        venv.step([0, 0])
+        with pytest.raises(aiovec.EnvError, match="simulator 1 gone while") as caught:
+            venv.step_async([0, 0])
+            venv.step_wait(timeout=BOUND)
+        assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"
+        venv.step_async([0, 0])  # env 0 goes on
+        try:
+            observations, *_ = venv.step_wait(timeout=BOUND)
+        except aiovec.EnvError as again:  # env 1 still cannot be rebuilt
+            assert again.env_index == 1 and again_in == "rebuild"
+        else:
+            assert observations[0].tolist() == [0, 3]
+
+
+@pytest.mark.parametrize("backend_name", ["process", "coroutine"])
+def test_a_factory_raising_generatorexit_is_that_envs_build_error(backend_name):
+    """A factory's own GeneratorExit (a synchronous call: no coroutine of aiovec's is
+    being closed) fails the construction as any factory error, naming the env."""
+    from tests.faulty import GeneratorExitAsyncEnv
+
+    env_fns = [partial(AsyncCounterEnv, 0), partial(GeneratorExitAsyncEnv, 1, builds=[1])]
+    with pytest.raises(aiovec.EnvError, match="simulator 1 gone while rebuilding") as caught:
+        aiovec.VecEnv(env_fns, backend=backend_name)
+    assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"

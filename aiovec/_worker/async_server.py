@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
 from aiovec._worker.blocks import BlockHost
-from aiovec._worker.host import EnvHost, StepOutcome, env_errors, error_info
+from aiovec._worker.host import EnvHost, StepOutcome, env_errors, error_info, running_task
 from aiovec.errors import StepTimeoutError
 
 logger = logging.getLogger("aiovec")
@@ -110,7 +110,7 @@ class AsyncEnvServer:
                         # destroyed pending, no longer the one running): end. Raised by
                         # the env itself (the host lets it through, see env_errors): its
                         # error, or its command would never be answered.
-                        if _running_task() is not runner or self.runners.get(env_id) is not runner:
+                        if running_task() is not runner or self.runners.get(env_id) is not runner:
                             raise
                         await self._answer_failed(env_id, command, position, loop, exc)
                     queue.popleft()
@@ -387,14 +387,6 @@ async def close_after(
                 len(late),
                 timeout,
             )
-
-
-def _running_task() -> asyncio.Task[Any] | None:
-    """The task running now, if any (none: no loop runs in this thread)."""
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
 
 
 def _forget_outcome(task: asyncio.Future[Any]) -> None:

@@ -51,6 +51,7 @@ from aiovec._worker.host import (
     drive_async,
     env_errors,
     error_info,
+    factory_errors,
 )
 from aiovec._worker.registrations import shown
 
@@ -102,7 +103,7 @@ def build_blocks(
                     f"{type(block).__name__}.step is a coroutine function (an async batched "
                     "env); async batched envs run on backend='coroutine'"
                 )
-        except env_errors() as exc:
+        except factory_errors() as exc:
             for built in blocks.values():
                 _close_quietly(built)
             raise EnvBuildError(
@@ -447,12 +448,18 @@ class BlockHost(HostState):
                 yield _CLOSE
             except env_errors():
                 pass  # a broken block may fail to close too
-            try:
+            # Rebuilding failing too counts as a failure.
+            try:  # the factory alone: nothing closes this flow while it runs
                 block = self._block_fns[first_row]()
                 self.envs[first_row] = _checked_block(block, self.envs_per_block)
+            except factory_errors() as failure:
+                exc = failure
+                self._failures_in_a_row[first_row] += 1
+                continue
+            try:
                 reason = f"{type(exc).__qualname__}: {exc}"
                 return (yield from self._restarted_flow(first_row, reason)), None, False
-            except env_errors() as failure:  # rebuilding failed too: that counts as a failure
+            except env_errors() as failure:
                 exc = failure
                 self._failures_in_a_row[first_row] += 1
         return None, self._error(first_row, "step", exc), False

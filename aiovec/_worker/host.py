@@ -66,6 +66,13 @@ def env_errors() -> tuple[type[BaseException], ...]:
     )
 
 
+def factory_errors() -> tuple[type[BaseException], ...]:
+    """What an env factory's call may raise that is its failure: :func:`env_errors`,
+    and a ``GeneratorExit`` too (the call is synchronous: none closes a coroutine or
+    generator of aiovec's there)."""
+    return (*env_errors(), GeneratorExit)
+
+
 def catch_env_exits() -> None:
     """From now on, any ``BaseException`` raised by an env (but a cancellation or a
     ``GeneratorExit``) is that env's error. Only for a worker process: it ignores
@@ -214,7 +221,7 @@ def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
         try:
             env = env_fn()
             check_env_type(env)
-        except env_errors() as exc:
+        except factory_errors() as exc:
             for built in envs.values():
                 _close_quietly(built)
             raise EnvBuildError(error_info(env_id, "make", exc, keep_frames=True)) from exc
@@ -572,13 +579,18 @@ class EnvHost(HostState):
 
     async def recover_async(self, env_id: int, exc: BaseException) -> StepOutcome:
         """:meth:`_recover` for envs whose methods may return awaitables."""
+        running = running_task()
         try:
             info = await self._drive_async(env_id, self._recover_flow(env_id, exc))
         except BaseException as final:
             # ``exc`` itself, re-raised when it is not rebuilt, is the env's error even
             # when no env_errors() class (a GeneratorExit the env raised: see AsyncEnvServer).
             if final is not exc and not isinstance(final, env_errors()):
-                raise
+                if not isinstance(final, GeneratorExit) or running_task() is not running:
+                    raise  # a cancellation, or this coroutine closed: not the env's doing
+                # The env's close() or factory raised one while it was rebuilt: what is
+                # installed is closed, so stand in for it (the next command retries).
+                self.envs[env_id] = cast(gym.Env, _Unbuilt(final))
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
         return StepOutcome(env_id, info, None, False)
 
@@ -665,7 +677,7 @@ class EnvHost(HostState):
             try:
                 self.envs[env_id] = self.rebuild(env_id)
                 break
-            except env_errors() as rebuild_error:
+            except factory_errors() as rebuild_error:
                 # Never leave the closed env installed: the next command must not step it.
                 self.envs[env_id] = cast(gym.Env, _Unbuilt(rebuild_error))  # raises on use
                 self._failures_in_a_row[env_id] += 1
@@ -814,6 +826,14 @@ def _cancelled_from_inside(exc: asyncio.CancelledError) -> RuntimeError:
     """The env's own code was cancelled (e.g. a transport cancelled a request), not
     the task running it: an error of that env, not a silently ended runner."""
     return RuntimeError(f"the env's coroutine was cancelled from inside: {exc!r}")
+
+
+def running_task() -> asyncio.Task[Any] | None:
+    """The task running now, if any (none: no event loop runs in this thread)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def _being_cancelled() -> bool:
