@@ -134,6 +134,9 @@ class TransitionAssembler:
 
     It keeps copies of what it is given: refilling one action array every step, or a
     ``copy=False`` vector env overwriting its result buffers, changes no transition.
+    Observations and actions are batches of arrays (Box, Discrete, MultiBinary,
+    MultiDiscrete spaces, and Dicts/Tuples of them); Text, Graph and Sequence spaces,
+    which batch as one item per env, are refused with a ``TypeError``.
     """
 
     def __init__(
@@ -150,22 +153,23 @@ class TransitionAssembler:
         """Record reset observations (a batch, in the order of ``env_ids``, default all)."""
         ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
         for row, env_id in enumerate(ids):
-            self._observation[env_id] = _row(observations, row)
+            self._observation[env_id] = _row(observations, row, len(ids))
             self._after_end[env_id] = False
 
     def sent(self, actions: Any, env_ids: Sequence[int] | None = None) -> None:
         """Record the actions sent to ``env_ids`` (default all), in that order."""
         ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
         for row, env_id in enumerate(ids):
-            self._action[env_id] = _row(actions, row)
+            self._action[env_id] = _row(actions, row, len(ids))
 
     def received(self, batch: Batch) -> None:
         """Turn a batch of results into transitions."""
         final_observations: Any = batch.infos.get("final_obs")  # set where _final_obs is
         final_mask = batch.infos.get("_final_obs")
         restarted_mask = batch.infos.get("_restarted")
-        for row, env_id in enumerate(batch.env_ids.tolist()):
-            observation = _row(batch.observations, row)
+        env_ids = batch.env_ids.tolist()
+        for row, env_id in enumerate(env_ids):
+            observation = _row(batch.observations, row, len(env_ids))
             if self._after_end[env_id] and self.autoreset_mode is AutoresetMode.NEXT_STEP:
                 self._after_end[env_id] = False  # the autoreset: a new episode starts here
                 self._observation[env_id] = observation
@@ -224,14 +228,30 @@ class TransitionAssembler:
         )
 
 
-def _row(batch: Any, row: int) -> Any:
-    """Row ``row`` of a batch, as a copy of its own: a transition must keep what was sent
-    or received at its step, whatever the caller's action array (refilled each step) or a
-    ``copy=False`` vector env's result buffers hold later."""
+def _row(batch: Any, row: int, rows: int) -> Any:
+    """Row ``row`` of a batch of ``rows``, as a copy of its own: a transition must keep
+    what was sent or received at its step, whatever the caller's action array (refilled
+    each step) or a ``copy=False`` vector env's result buffers hold later.
+
+    Raises:
+        TypeError: a part of the batch is no batch of ``rows`` (a Text, Graph or
+            Sequence space's, which batch as one item per env, not as arrays).
+    """
     if isinstance(batch, dict):
-        return {key: _row(value, row) for key, value in batch.items()}
-    if isinstance(batch, tuple) and not isinstance(batch, np.ndarray):
-        return tuple(_row(value, row) for value in batch)
+        return {key: _row(value, row, rows) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_row(value, row, rows) for value in batch)
+    if not isinstance(batch, (np.ndarray, list)) or np.ndim(batch) == 0 or len(batch) != rows:
+        shown = (
+            f"{type(batch).__name__} of length {len(batch)}"
+            if hasattr(batch, "__len__")
+            else repr(batch)
+        )
+        raise TypeError(
+            f"TransitionAssembler takes batches of {rows} rows: arrays (or lists) for Box, "
+            "Discrete, MultiBinary and MultiDiscrete spaces, and Dicts/Tuples of them; got "
+            f"a {shown} (Text, Graph and Sequence spaces are not supported)"
+        )
     return _own(batch[row])
 
 

@@ -259,3 +259,14 @@ def test_assembler_takes_any_action_it_took_before_copies_were_kept():
         chunk = assembler.take(1)
         assert len(chunk.actions) == 2
     assert chunk.actions[:, 0].tolist() == locked  # kept as given: not copyable
+
+
+def test_assembler_refuses_batches_it_cannot_split_by_env_with_a_clear_error():
+    """A Text space's batch (a tuple of strings, one per env) is not a batch of arrays:
+    a TypeError names what is supported, instead of splitting the strings by letter."""
+    assembler = TransitionAssembler(2)
+    with pytest.raises(TypeError, match="Text, Graph and Sequence spaces are not supported"):
+        assembler.reset(("ab", "cd"))
+    assembler.reset(np.zeros((2, 3)))
+    with pytest.raises(TypeError, match="batches of 2 rows"):
+        assembler.sent(np.zeros(3))  # one row short of a batch of two
