@@ -444,7 +444,8 @@ class Scheduler:
         all those sent before it; on one that runs its envs at once, those before it to
         any of its envs (each env runs its commands in order). A command queued there
         (first-ready sends one env at a time, a call sent while a step runs) is not late
-        for the time the others took; it is not running yet while it waits."""
+        for the time the others took; it is not running yet while it waits (so a hang in
+        another of its envs is found at most one earlier command's time later)."""
         backend = self.backend
         answered_at, env_answered_at = self._answered_at, self._env_answered_at
         running_in_turn: set[int] = set()  # in-turn workers whose running ticket was seen
