@@ -241,18 +241,24 @@ def _row(batch: Any, row: int, rows: int) -> Any:
         return {key: _row(value, row, rows) for key, value in batch.items()}
     if isinstance(batch, tuple):
         return tuple(_row(value, row, rows) for value in batch)
-    if not isinstance(batch, (np.ndarray, list)) or np.ndim(batch) == 0 or len(batch) != rows:
-        shown = (
-            f"{type(batch).__name__} of length {len(batch)}"
-            if hasattr(batch, "__len__")
-            else repr(batch)
-        )
+    if isinstance(batch, (str, bytes)) or _length(batch) != rows:
+        length = _length(batch)
+        shown = repr(batch) if length is None else f"{type(batch).__name__} of length {length}"
         raise TypeError(
-            f"TransitionAssembler takes batches of {rows} rows: arrays (or lists) for Box, "
+            f"TransitionAssembler takes batches of {rows} rows: arrays (lists, tensors) for Box, "
             "Discrete, MultiBinary and MultiDiscrete spaces, and Dicts/Tuples of them; got "
             f"a {shown} (Text, Graph and Sequence spaces are not supported)"
         )
     return _own(batch[row])
+
+
+def _length(batch: Any) -> int | None:
+    """How many rows ``batch`` has (an array, a list, a tensor); ``None`` if it is no
+    sequence (a scalar, a 0-d array)."""
+    try:
+        return len(batch)
+    except TypeError:
+        return None
 
 
 def _own(value: Any) -> Any:

@@ -270,3 +270,21 @@ def test_assembler_refuses_batches_it_cannot_split_by_env_with_a_clear_error():
     assembler.reset(np.zeros((2, 3)))
     with pytest.raises(TypeError, match="batches of 2 rows"):
         assembler.sent(np.zeros(3))  # one row short of a batch of two
+
+
+def test_assembler_takes_tensors_ranges_and_memoryviews_as_batches():
+    """Anything with one row per env is a batch: a policy's torch tensor, a range, a
+    memoryview, as before the assembler checked its batches."""
+    torch = pytest.importorskip("torch")
+    for actions in (torch.tensor([1, 0]), range(2), memoryview(np.array([1, 0]))):
+        assembler = TransitionAssembler(2)
+        assembler.reset(np.zeros((2, 3)))
+        assembler.sent(actions)
+        assembler.received(
+            aiovec.Batch(
+                np.ones((2, 3)), np.ones(2), np.zeros(2, bool), np.zeros(2, bool), {}, np.arange(2)
+            )
+        )
+        assert np.asarray(assembler.take(1).actions).reshape(2).tolist() in ([1, 0], [0, 1])
+    with pytest.raises(TypeError, match="batches of 1 rows"):
+        TransitionAssembler(1).sent(np.array(1))  # a 0-d array: no row to take
