@@ -63,7 +63,7 @@ class Ticket:
     """One command sent to one worker, and what came back."""
 
     __slots__ = (
-        "worker", "env_ids", "rows", "is_step", "command", "sent_at",
+        "worker", "env_ids", "rows", "is_step", "command", "sent_at", "started_at",
         "done", "reply", "failure", "errors", "answered",
     )  # fmt: skip
 
@@ -79,6 +79,9 @@ class Ticket:
         self.worker = worker
         self.command = command  # kept to send again to a restarted worker
         self.sent_at = sent_at
+        # When its envs got to it, on a worker stepping them at once: fixed once found
+        # (see Scheduler._kill_times); None until then.
+        self.started_at: float | None = None
         self.env_ids = env_ids
         self.rows = rows  # env_ids as an index into per-env arrays (a slice when contiguous)
         self.is_step = is_step
@@ -458,10 +461,15 @@ class Scheduler:
                     running_envs.update(ticket.env_ids)
                     continue
                 running_envs.update(ticket.env_ids)
-                answered = ticket.answered or ()
-                for env_id in ticket.env_ids:
-                    if env_id not in answered:  # when its command before this one ended
-                        started = max(started, env_answered_at.get(env_id, 0.0))
+                if ticket.started_at is None:
+                    # When its envs' commands before it ended, fixed from now on: later
+                    # answers of its envs (to commands sent after it) are not its start.
+                    answered = ticket.answered or ()
+                    ticket.started_at = max(
+                        (env_answered_at.get(e, 0.0) for e in ticket.env_ids if e not in answered),
+                        default=0.0,
+                    )
+                started = max(started, ticket.started_at)
             else:
                 if worker in running_in_turn:
                     continue
@@ -552,7 +560,7 @@ class Scheduler:
             logger.warning("restarting worker %d after: %s", worker, crash)
             self.backend.restart(worker, str(crash))
             for _, ticket in in_flight:  # the new envs answer with restart notices
-                ticket.sent_at = time.monotonic()
+                ticket.sent_at, ticket.started_at = time.monotonic(), None
                 command = ticket.command
                 if ticket.is_step and ticket.answered:  # partly answered: the rest only
                     answered = ticket.answered

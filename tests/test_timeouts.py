@@ -214,6 +214,11 @@ class _PausingEnv(CounterEnv):
         time.sleep(seconds)
         return self.env_index
 
+    def pause_env(self, env_index: int, seconds: float) -> int:
+        if self.env_index == env_index:
+            time.sleep(seconds)
+        return self.env_index
+
 
 @pytest.mark.parametrize("concurrent_envs", [False, True], ids=["in turn", "threads"])
 async def test_a_call_queued_behind_an_envs_step_counts_from_when_it_starts(concurrent_envs):
@@ -257,3 +262,41 @@ async def test_calls_queued_on_one_async_env_in_a_worker_are_not_late():
         await venv.areset()
         calls = [venv.acall("pause", 0.4, env_ids=[0]) for _ in range(6)]
         assert await asyncio.gather(*calls) == [(0,)] * 6
+
+
+async def test_a_hang_in_a_call_is_found_while_another_env_of_it_keeps_stepping():
+    """A call to every env of a worker stepping them at once hangs in env 3, while env 0
+    (done with its part) keeps stepping first-ready: env 0's answers do not keep
+    restarting the call's clock, so the hang is found."""
+    async with aiovec.VecEnv(
+        [partial(_PausingEnv, i) for i in range(4)],
+        num_workers=1,
+        step_timeout=0.5,
+        close_timeout=1,
+        concurrent_envs=True,
+    ) as venv:
+        await venv.areset()
+        call = asyncio.ensure_future(venv.acall("pause_env", 3, 3600))
+        with pytest.raises(aiovec.StepTimeoutError) as caught:
+            for _ in range(100):  # 10 s of stepping: 20 step_timeouts
+                venv.send(np.zeros(1, dtype=np.int64), [0])
+                await asyncio.wait_for(venv.recv(), BOUND)
+                await asyncio.sleep(0.1)
+        assert 3 in caught.value.timed_out
+        with pytest.raises(aiovec.StepTimeoutError):
+            await call
+
+
+async def test_steps_queued_while_a_worker_finds_its_envs_wait_are_not_late():
+    """With concurrent_envs left to the worker, first-ready steps queued while it still
+    steps in turn run in threads once it finds that its envs wait: each, taking 0.3 s
+    of the 0.5 s step_timeout, counts from then, not from its send."""
+    env_fns = [partial(CounterEnv, i, delay=0.3) for i in range(4)]
+    async with aiovec.VecEnv(env_fns, num_workers=1, step_timeout=0.5, close_timeout=1) as venv:
+        await venv.areset()
+        for _ in range(4):
+            for env_id in range(4):
+                venv.send(np.zeros(1, dtype=np.int64), env_ids=[env_id])
+            received = []
+            while len(received) < 4:
+                received += (await asyncio.wait_for(venv.recv(), BOUND)).env_ids.tolist()

@@ -168,8 +168,9 @@ class Backend(abc.ABC):
         """Like :meth:`wait`, blocking the thread instead (no event loop involved)."""
 
     def ready_since(self, worker: int) -> float:
-        """When ``worker`` became able to serve (``time.monotonic``; ``inf`` while it is
-        still starting): a command's step timeout runs from then at the earliest."""
+        """When ``worker`` began serving as it does now (``time.monotonic``; ``inf`` while
+        it is still starting): started, restarted, or switched to stepping its envs at
+        once. A command's step timeout runs from then at the earliest."""
         return 0.0
 
     def interrupt(self) -> None:  # noqa: B027 -- optional: backends whose wait returns at once

@@ -609,6 +609,9 @@ class ProcessBackend(Backend):
             message = decode_message(frame)
             if type(message) is Threads:  # its envs now step in threads of their own,
                 self._concurrent.add(worker)
+                # ...from now: what was queued in it while it stepped them in turn
+                # starts now, at once (see ready_since)
+                self._ready_since[worker] = time.monotonic()
                 if worker in self._lines:  # which read their lines
                     self._threaded.add(worker)
                 continue
