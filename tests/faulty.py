@@ -197,3 +197,22 @@ class GeneratorExitAsyncEnv(AsyncCounterEnv):
             self.steps_since_built += 1
             raise GeneratorExit(f"simulator {self.env_index} gone")
         return await super().step(action)
+
+
+class GeneratorExitEnv(CounterEnv):
+    """A blocking env that raises ``GeneratorExit`` itself in its ``at_step``-th step,
+    and in ``close`` when ``in_close``."""
+
+    def __init__(self, env_index: int = 0, at_step: int = 2, in_close: bool = False) -> None:
+        super().__init__(env_index)
+        self.at_step, self.in_close, self.steps = at_step, in_close, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.at_step:
+            raise GeneratorExit(f"simulator {self.env_index} gone")
+        return super().step(action)
+
+    def close(self):
+        if self.in_close:
+            raise GeneratorExit(f"simulator {self.env_index} gone while closing")

@@ -22,7 +22,13 @@ from tests.async_envs import AsyncCounterEnv
 from tests.batched import point_masses
 from tests.conftest import pid_alive, worker_pids, worker_processes
 from tests.envs import CounterEnv
-from tests.faulty import Abort, BadObservationEnv, FailingConstructorEnv, FaultyEnv
+from tests.faulty import (
+    Abort,
+    BadObservationEnv,
+    FailingConstructorEnv,
+    FaultyEnv,
+    GeneratorExitAsyncEnv,
+)
 from tests.helpers import random_traffic, start_agent
 
 BOUND = 30  # seconds: any wait longer than this is a hang
@@ -668,10 +674,13 @@ def test_ctrl_c_while_handing_buffers_to_workers_leaves_them_quiet(tmp_path, bef
 
 @pytest.mark.parametrize("backend_name", ["process", "coroutine"])
 @pytest.mark.parametrize("again_in", ["close", "rebuild"])
-def test_an_async_envs_generatorexit_while_it_is_rebuilt_fails_the_step(backend_name, again_in):
+def test_an_async_envs_generatorexit_while_it_is_rebuilt_is_handled_as_any_error(
+    backend_name, again_in
+):
     """Under the restart policy, an async env's step raises GeneratorExit, then its
-    close() or its factory raises another while it is rebuilt: the step fails with
-    that error (it was never answered), and the vector env goes on and closes."""
+    close() or its factory raises another while it is rebuilt: as with any error there,
+    a failing close() is passed over (the env is rebuilt) and a failing factory fails
+    the step once the restarts are spent; never an unanswered step."""
     from tests.faulty import GeneratorExitAsyncEnv
 
     builds = [0] if again_in == "rebuild" else None
@@ -682,10 +691,17 @@ def test_an_async_envs_generatorexit_while_it_is_rebuilt_fails_the_step(backend_
     with aiovec.VecEnv(env_fns, backend=backend_name, on_failure="restart", max_restarts=3) as venv:
         venv.reset()
         venv.step([0, 0])
-        with pytest.raises(aiovec.EnvError, match="simulator 1 gone while") as caught:
-            venv.step_async([0, 0])
-            venv.step_wait(timeout=BOUND)
-        assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"
+        venv.step_async([0, 0])
+        if again_in == "close":
+            observations, *_, infos = venv.step_wait(timeout=BOUND)
+            assert infos["restarted"].tolist() == [False, True]
+            assert "GeneratorExit: simulator 1 gone" in infos["restart_reason"][1]
+        else:
+            with pytest.raises(
+                aiovec.EnvError, match="simulator 1 gone while rebuilding"
+            ) as caught:
+                venv.step_wait(timeout=BOUND)
+            assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"
         venv.step_async([0, 0])  # env 0 goes on
         try:
             observations, *_ = venv.step_wait(timeout=BOUND)
@@ -705,3 +721,33 @@ def test_a_factory_raising_generatorexit_is_that_envs_build_error(backend_name):
     with pytest.raises(aiovec.EnvError, match="simulator 1 gone while rebuilding") as caught:
         aiovec.VecEnv(env_fns, backend=backend_name)
     assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"
+
+
+@pytest.mark.parametrize(
+    "backend_name, options",
+    [
+        ("process", {"concurrent_envs": False}),
+        ("process", {"concurrent_envs": True}),
+        ("inline", {}),
+        ("coroutine", {}),
+    ],
+    ids=["in turn", "threads", "inline", "coroutine"],
+)
+def test_a_blocking_envs_generatorexit_is_its_error_on_every_backend(backend_name, options):
+    """A blocking env's own GeneratorExit is that env's EnvError wherever it runs (it
+    crashed a worker, and escaped raw from the inline backend); its close() raising
+    one does not stop close()."""
+    from tests.faulty import GeneratorExitEnv
+
+    env_fns = [partial(CounterEnv, 0), partial(GeneratorExitEnv, 1, in_close=True)]
+    if backend_name == "coroutine":
+        env_fns = [partial(AsyncCounterEnv, 0), partial(GeneratorExitAsyncEnv, 1)]
+    venv = aiovec.VecEnv(env_fns, backend=backend_name, num_workers=1, **options)
+    venv.reset()
+    venv.step([0, 0])
+    with pytest.raises(aiovec.EnvError, match="simulator 1 gone") as caught:
+        venv.step([0, 0])
+    assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"
+    assert venv.step([0, 0])[0][0].tolist() == [0, 3]  # its worker lives on
+    venv.close()
+    assert venv.closed

@@ -34,13 +34,14 @@ def _thread_name(env) -> str:
 
 
 class FatalEnv(CounterEnv):
-    """Raises ``GeneratorExit`` on its second step: one of the two BaseExceptions that are
-    never an env's error in a worker (a generator's or a coroutine's close, which must
-    run its course), so what nothing in the worker expects: the worker must fail."""
+    """Raises ``asyncio.CancelledError`` on its second step, from a blocking step: the
+    one BaseException that is never an env's error there (a cancellation of aiovec's
+    own must run its course), so what nothing in the worker expects: the worker must
+    fail."""
 
     def step(self, action):
         if self.count == 1:
-            raise GeneratorExit("beyond any handler")
+            raise asyncio.CancelledError("beyond any handler")
         return super().step(action)
 
 

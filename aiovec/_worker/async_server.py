@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
 from aiovec._worker.blocks import BlockHost
-from aiovec._worker.host import EnvHost, StepOutcome, env_errors, error_info, running_task
+from aiovec._worker.host import EnvHost, StepOutcome, call_errors, error_info
 from aiovec.errors import StepTimeoutError
 
 logger = logging.getLogger("aiovec")
@@ -90,29 +90,19 @@ class AsyncEnvServer:
 
     async def _run(self, env_id: int, loop: asyncio.AbstractEventLoop) -> None:
         queue = self._queues[env_id]
-        runner = asyncio.current_task()
         try:
             while True:
                 while queue:
                     command, position = queue[0]
-                    try:
-                        if self._step_timeout is None:
-                            result = await self._start(env_id, command, position)
-                            if self.runners.get(env_id) is not runner:
-                                return  # retired meanwhile (its env swallowed the cancellation)
-                            self._finish(command, position, result, loop)
-                        else:
-                            await self._execute_in_time(env_id, command, position, loop)
-                            if self.runners.get(env_id) is not runner:
-                                return  # abandoned (a successor answered), or retired
-                    except GeneratorExit as exc:
-                        # Thrown in by the close of this runner's coroutine (a task
-                        # destroyed pending, no longer the one running): end. Raised by
-                        # the env itself (the host lets it through, see env_errors): its
-                        # error, or its command would never be answered.
-                        if running_task() is not runner or self.runners.get(env_id) is not runner:
-                            raise
-                        await self._answer_failed(env_id, command, position, loop, exc)
+                    if self._step_timeout is None:
+                        result = await self._start(env_id, command, position)
+                        if self.runners.get(env_id) is not asyncio.current_task():
+                            return  # retired meanwhile (its env swallowed the cancellation)
+                        self._finish(command, position, result, loop)
+                    else:
+                        await self._execute_in_time(env_id, command, position, loop)
+                        if self.runners.get(env_id) is not asyncio.current_task():
+                            return  # abandoned (a successor answered), or retired
                     queue.popleft()
                 if not self.park:
                     return
@@ -181,26 +171,15 @@ class AsyncEnvServer:
     async def _answer_late(
         self, env_id: int, command: EnvCommand, position: int, loop: asyncio.AbstractEventLoop
     ) -> None:
-        """Fail env ``env_id``'s part of ``command`` with StepTimeoutError."""
+        """Fail env ``env_id``'s part of ``command`` with StepTimeoutError (a step is then
+        handled like any failed step: rebuilt under the restart policy)."""
         timeout = cast(float, self._step_timeout)  # only late with a step_timeout
         late = StepTimeoutError(None, [env_id], [env_id], timeout)
-        await self._answer_failed(env_id, command, position, loop, late)
-
-    async def _answer_failed(
-        self,
-        env_id: int,
-        command: EnvCommand,
-        position: int,
-        loop: asyncio.AbstractEventLoop,
-        error: BaseException,
-    ) -> None:
-        """Fail env ``env_id``'s part of ``command`` with ``error`` (a step is then
-        handled like any failed step: rebuilt under the restart policy)."""
         if type(command) is Step:
-            self._step_done(command.seq, await self.host.recover_async(env_id, error), loop)
+            self._step_done(command.seq, await self.host.recover_async(env_id, late), loop)
         else:
             operation = type(command).__name__.lower()
-            failed = Reply(command.seq, [env_id], errors=[error_info(env_id, operation, error)])
+            failed = Reply(command.seq, [env_id], errors=[error_info(env_id, operation, late)])
             self._part_done(command, position, failed)
 
     def _expire(
@@ -363,7 +342,7 @@ async def close_after(
     for env in envs:
         try:
             result: Any = env.close()  # async envs return an awaitable
-        except env_errors():
+        except call_errors():
             continue
         if inspect.isawaitable(result):
             closes.append(result)

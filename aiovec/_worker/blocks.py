@@ -46,12 +46,13 @@ from aiovec._worker.host import (
     HostState,
     _close_quietly,
     build_envs,
+    call_errors,
     describe,
     drive,
     drive_async,
     env_errors,
     error_info,
-    factory_errors,
+    failure_reason,
 )
 from aiovec._worker.registrations import shown
 
@@ -103,7 +104,7 @@ def build_blocks(
                     f"{type(block).__name__}.step is a coroutine function (an async batched "
                     "env); async batched envs run on backend='coroutine'"
                 )
-        except factory_errors() as exc:
+        except call_errors() as exc:
             for built in blocks.values():
                 _close_quietly(built)
             raise EnvBuildError(
@@ -452,12 +453,12 @@ class BlockHost(HostState):
             try:  # the factory alone: nothing closes this flow while it runs
                 block = self._block_fns[first_row]()
                 self.envs[first_row] = _checked_block(block, self.envs_per_block)
-            except factory_errors() as failure:
+            except call_errors() as failure:
                 exc = failure
                 self._failures_in_a_row[first_row] += 1
                 continue
             try:
-                reason = f"{type(exc).__qualname__}: {exc}"
+                reason = failure_reason(exc)
                 return (yield from self._restarted_flow(first_row, reason)), None, False
             except env_errors() as failure:
                 exc = failure

@@ -66,11 +66,29 @@ def env_errors() -> tuple[type[BaseException], ...]:
     )
 
 
-def factory_errors() -> tuple[type[BaseException], ...]:
-    """What an env factory's call may raise that is its failure: :func:`env_errors`,
-    and a ``GeneratorExit`` too (the call is synchronous: none closes a coroutine or
-    generator of aiovec's there)."""
+def call_errors() -> tuple[type[BaseException], ...]:
+    """What a synchronous call into an env (or its factory) may raise that is its
+    failure: :func:`env_errors`, and a ``GeneratorExit`` too, since no coroutine or
+    generator of aiovec's is being closed during such a call. Pass what is caught
+    through :func:`as_env_error` before a flow or a coroutine of aiovec's handles it."""
     return (*env_errors(), GeneratorExit)
+
+
+class EnvGeneratorExit(Exception):
+    """A ``GeneratorExit`` an env's own code raised (not one closing a coroutine or
+    generator of aiovec's), carried as an ordinary error so that every path for env
+    errors handles it: reported (as the ``GeneratorExit`` it is, see ``_as_raised``),
+    or the env rebuilt. Raised as itself, it would end aiovec's coroutine or generator
+    that met it, leaving the env's command unanswered."""
+
+
+def as_env_error(exc: BaseException) -> BaseException:
+    """``exc``, an env's failure, as one that aiovec's flows and coroutines handle."""
+    if type(exc) is GeneratorExit:
+        wrapped = EnvGeneratorExit(str(exc))
+        wrapped.__cause__ = exc
+        return wrapped
+    return exc
 
 
 def catch_env_exits() -> None:
@@ -155,11 +173,19 @@ def _as_raised(exc: BaseException) -> BaseException:
     (PEP 479), its cause the env's exception. Only where aiovec's own frame turned it
     into one: an env's generator doing so is the env's own ``RuntimeError``."""
     cause, tb = exc.__cause__, exc.__traceback__
+    if type(exc) is EnvGeneratorExit and cause is not None:
+        return cause
     if type(exc) is not RuntimeError or not isinstance(cause, StopIteration) or tb is None:
         return exc
     while tb.tb_next is not None:  # the frame that turned it into a RuntimeError
         tb = tb.tb_next
     return cause if tb.tb_frame.f_code.co_filename.startswith(_AIOVEC_DIR) else exc
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``"Type: message"`` of the exception an env raised (a restart's reason)."""
+    shown = _as_raised(exc)
+    return f"{type(shown).__qualname__}: {shown}"
 
 
 def _sendable(text: str) -> str:
@@ -221,7 +247,7 @@ def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
         try:
             env = env_fn()
             check_env_type(env)
-        except factory_errors() as exc:
+        except call_errors() as exc:
             for built in envs.values():
                 _close_quietly(built)
             raise EnvBuildError(error_info(env_id, "make", exc, keep_frames=True)) from exc
@@ -452,8 +478,8 @@ class EnvHost(HostState):
                         needs_reset[env_id] = bool(terminated or truncated)
                         if failures[env_id]:
                             failures[env_id] = 0
-                except env_errors() as exc:
-                    outcome = self._recover(env_id, exc)
+                except call_errors() as exc:
+                    outcome = self._recover(env_id, as_env_error(exc))
                 else:
                     infos.append(info)
                     progressed = True
@@ -465,8 +491,8 @@ class EnvHost(HostState):
                     rewards[env_id] = 0.0
                     terminations[env_id] = truncations[env_id] = False
                     needs_reset[env_id] = False
-                except env_errors() as exc:
-                    outcome = self._recover(env_id, exc)
+                except call_errors() as exc:
+                    outcome = self._recover(env_id, as_env_error(exc))
                 else:
                     infos.append(info)
                     continue
@@ -524,8 +550,8 @@ class EnvHost(HostState):
                     self._record_step(env_id, observation, reward, terminated, truncated)
             else:
                 info = self._drive(env_id, self._unplain_step_flow(env_id))
-        except env_errors() as exc:
-            return self._recover(env_id, exc)
+        except call_errors() as exc:
+            return self._recover(env_id, as_env_error(exc))
         return StepOutcome(env_id, info, None, stepped)
 
     async def step_async(self, env_id: int, action: Any) -> StepOutcome:
@@ -538,6 +564,7 @@ class EnvHost(HostState):
 
     async def _step_async(self, env_id: int, action: Any) -> StepOutcome:
         stepped = self._plain_step(env_id)
+        task = running_task()
         try:
             if stepped:
                 if self.threads is None:
@@ -559,6 +586,10 @@ class EnvHost(HostState):
             if _being_cancelled():
                 raise  # this task was cancelled (close, a timeout): not the env's doing
             return await self.recover_async(env_id, _cancelled_from_inside(exc))
+        except GeneratorExit as exc:
+            if running_task() is not task:
+                raise  # this coroutine is being closed: not the env's doing
+            return await self.recover_async(env_id, as_env_error(exc))
         return StepOutcome(env_id, info, None, stepped)
 
     def _plain_step(self, env_id: int) -> bool:
@@ -579,18 +610,9 @@ class EnvHost(HostState):
 
     async def recover_async(self, env_id: int, exc: BaseException) -> StepOutcome:
         """:meth:`_recover` for envs whose methods may return awaitables."""
-        running = running_task()
         try:
             info = await self._drive_async(env_id, self._recover_flow(env_id, exc))
-        except BaseException as final:
-            # ``exc`` itself, re-raised when it is not rebuilt, is the env's error even
-            # when no env_errors() class (a GeneratorExit the env raised: see AsyncEnvServer).
-            if final is not exc and not isinstance(final, env_errors()):
-                if not isinstance(final, GeneratorExit) or running_task() is not running:
-                    raise  # a cancellation, or this coroutine closed: not the env's doing
-                # The env's close() or factory raised one while it was rebuilt: what is
-                # installed is closed, so stand in for it (the next command retries).
-                self.envs[env_id] = cast(gym.Env, _Unbuilt(final))
+        except env_errors() as final:
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
         return StepOutcome(env_id, info, None, False)
 
@@ -677,13 +699,14 @@ class EnvHost(HostState):
             try:
                 self.envs[env_id] = self.rebuild(env_id)
                 break
-            except factory_errors() as rebuild_error:
+            except call_errors() as rebuild_error:
+                failure = as_env_error(rebuild_error)
                 # Never leave the closed env installed: the next command must not step it.
-                self.envs[env_id] = cast(gym.Env, _Unbuilt(rebuild_error))  # raises on use
+                self.envs[env_id] = cast(gym.Env, _Unbuilt(failure))  # raises on use
                 self._failures_in_a_row[env_id] += 1
                 if self._failures_in_a_row[env_id] > self._max_restarts:
-                    raise
-        return (yield from self._restarted_flow(env_id, f"{type(exc).__qualname__}: {exc}"))
+                    raise failure from failure.__cause__  # as raised (and unwrapped) there
+        return (yield from self._restarted_flow(env_id, failure_reason(exc)))
 
     def _restarted_flow(self, env_id: int, reason: str) -> Flow:
         observation, info = yield _RESET
@@ -787,8 +810,8 @@ def drive(flow: Flow, target: Callable[[], Any]) -> Any:
         while True:
             try:
                 result = request(target())
-            except env_errors() as exc:
-                request = flow.throw(exc)
+            except call_errors() as exc:
+                request = flow.throw(as_env_error(exc))
             else:
                 request = flow.send(result)
     except StopIteration as finished:
@@ -803,6 +826,7 @@ async def drive_async(
     """:func:`drive` for envs whose methods may return awaitables (awaited here), or,
     with ``run``, blocking envs whose requests ``run(request, env)`` awaits elsewhere
     (a thread)."""
+    task = running_task()
     try:
         request = next(flow)
         while True:
@@ -816,6 +840,10 @@ async def drive_async(
                 if _being_cancelled():
                     raise  # this task was cancelled (close, a timeout): not the env's doing
                 request = flow.throw(_cancelled_from_inside(exc))
+            except GeneratorExit as exc:
+                if running_task() is not task:
+                    raise  # this coroutine is being closed: not the env's doing
+                request = flow.throw(as_env_error(exc))
             else:
                 request = flow.send(result)
     except StopIteration as finished:
@@ -869,7 +897,7 @@ def _close_quietly(env: Any) -> None:
     # Any: a gym.Env, a gymnasium VectorEnv, or an async env whose close() is a coroutine
     try:
         result = env.close()
-    except env_errors():
+    except call_errors():
         return
     if inspect.iscoroutine(result):  # an async env closed from sync code: cannot await here
         result.close()

@@ -19,6 +19,7 @@ from aiovec._loop import new_event_loop
 from aiovec._transport.protocol import EnvCommand
 from aiovec._worker.async_server import CANCEL_GRACE, AsyncBlockServer, AsyncEnvServer
 from aiovec._worker.blocks import BlockHost
+from aiovec._worker.host import call_errors
 from aiovec.async_env import AsyncEnv
 from aiovec.backends._base import LocalBackend, Wakeup, WorkerEvent
 
@@ -157,5 +158,5 @@ class CoroutineBackend(LocalBackend):
 def _close_call(env: Any) -> Any:
     try:
         return env.close()
-    except Exception:
+    except call_errors():  # closing must finish
         return None
