@@ -248,17 +248,19 @@ def test_assembler_takes_any_action_it_took_before_copies_were_kept():
 
     locked = [Locked(1), Locked(2)]
     for actions in ([Pair(1, 2), Pair(3, 4)], [TwoItems(1, 2), TwoItems(3, 4)], locked):
-        assembler = TransitionAssembler(2)
-        assembler.reset(np.zeros((2, 3)))
-        assembler.sent(actions)
-        assembler.received(
-            aiovec.Batch(
-                np.ones((2, 3)), np.ones(2), np.zeros(2, bool), np.zeros(2, bool), {}, np.arange(2)
-            )
-        )
-        chunk = assembler.take(1)
+        chunk = _one_transition_each(actions)
         assert len(chunk.actions) == 2
     assert chunk.actions[:, 0].tolist() == locked  # kept as given: not copyable
+
+
+def _one_transition_each(actions):
+    """The chunk of one step of two envs that were sent ``actions``."""
+    assembler = TransitionAssembler(2)
+    assembler.reset(np.zeros((2, 3)))
+    assembler.sent(actions)
+    rewards, flags = np.ones(2), np.zeros(2, bool)
+    assembler.received(aiovec.Batch(np.ones((2, 3)), rewards, flags, flags, {}, np.arange(2)))
+    return assembler.take(1)
 
 
 def test_assembler_refuses_batches_it_cannot_split_by_env_with_a_clear_error():
@@ -277,14 +279,7 @@ def test_assembler_takes_tensors_ranges_and_memoryviews_as_batches():
     memoryview, as before the assembler checked its batches."""
     torch = pytest.importorskip("torch")
     for actions in (torch.tensor([1, 0]), range(2), memoryview(np.array([1, 0]))):
-        assembler = TransitionAssembler(2)
-        assembler.reset(np.zeros((2, 3)))
-        assembler.sent(actions)
-        assembler.received(
-            aiovec.Batch(
-                np.ones((2, 3)), np.ones(2), np.zeros(2, bool), np.zeros(2, bool), {}, np.arange(2)
-            )
-        )
-        assert np.asarray(assembler.take(1).actions).reshape(2).tolist() in ([1, 0], [0, 1])
+        chunk = _one_transition_each(actions)
+        assert np.asarray(chunk.actions).reshape(2).tolist() in ([1, 0], [0, 1])
     with pytest.raises(TypeError, match="batches of 1 rows"):
         TransitionAssembler(1).sent(np.array(1))  # a 0-d array: no row to take

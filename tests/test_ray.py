@@ -248,13 +248,7 @@ async def test_step_timeout_bounds_each_env_of_an_actor_stepping_them_in_turn():
 
     # Four computing envs in one actor (stepped one after another), each taking half of
     # step_timeout: none is late, although the actor's command takes twice as long.
-    async with aiovec.VecEnv(
-        [partial(BusyEnv, i, seconds=0.25) for i in range(4)],
-        backend="ray",
-        num_workers=1,
-        step_timeout=0.5,
-        ray_options={"num_cpus": 0},
-    ) as venv:
+    async with _one_actor([partial(BusyEnv, i, seconds=0.25) for i in range(4)]) as venv:
         await venv.areset()
         _, rewards, *_ = await venv.astep(np.zeros(4, dtype=np.int64))
         assert rewards.tolist() == [1.0] * 4
@@ -540,15 +534,16 @@ async def test_a_call_queued_behind_an_envs_step_in_an_actor_is_not_late():
 
     # The actor steps its sleeping envs at once, each env's commands in order: the call
     # waits for the env's step, and each takes 0.35 s of the 0.5 s step_timeout.
-    async with aiovec.VecEnv(
-        [partial(_PausingEnv, i, delay=0.35) for i in range(2)],
-        backend="ray",
-        num_workers=1,
-        step_timeout=0.5,
-        ray_options={"num_cpus": 0},
-    ) as venv:
+    async with _one_actor([partial(_PausingEnv, i, delay=0.35) for i in range(2)]) as venv:
         await venv.areset()
         for _ in range(2):
             venv.send(np.zeros(1, dtype=np.int64), [0])
             assert await venv.acall("pause", 0.35, env_ids=[0]) == (0,)
             assert (await venv.recv()).env_ids.tolist() == [0]
+
+
+def _one_actor(env_fns) -> aiovec.VecEnv:
+    """``env_fns`` in one Ray actor, with a step_timeout of 0.5 s."""
+    return aiovec.VecEnv(
+        env_fns, backend="ray", num_workers=1, step_timeout=0.5, ray_options={"num_cpus": 0}
+    )

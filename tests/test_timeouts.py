@@ -180,13 +180,17 @@ async def test_step_timeout_counts_from_when_a_queued_command_starts(env_fn, opt
     ) as venv:
         await venv.areset()
         for _ in range(2):
-            for env_id in range(4):
-                venv.send(np.zeros(1, dtype=np.int64), env_ids=[env_id])
-            received = []
-            while len(received) < 4:
-                batch = await asyncio.wait_for(venv.recv(), BOUND)
-                received += batch.env_ids.tolist()
-            assert sorted(received) == [0, 1, 2, 3]
+            await _step_one_env_at_a_time(venv)
+
+
+async def _step_one_env_at_a_time(venv) -> None:
+    """Send each env its step alone, then receive all of them."""
+    for env_id in range(venv.num_envs):
+        venv.send(np.zeros(1, dtype=np.int64), env_ids=[env_id])
+    received = []
+    while len(received) < venv.num_envs:
+        received += (await asyncio.wait_for(venv.recv(), BOUND)).env_ids.tolist()
+    assert sorted(received) == list(range(venv.num_envs))
 
 
 def test_a_lockstep_step_timeout_names_only_the_envs_that_owe_their_result():
@@ -226,13 +230,7 @@ async def test_a_call_queued_behind_an_envs_step_counts_from_when_it_starts(conc
     each call, taking about half of step_timeout like each step, is not late for the
     time the step before it took."""
     env_fns = [partial(_PausingEnv, i, delay=0.3) for i in range(2)]
-    async with aiovec.VecEnv(
-        env_fns,
-        num_workers=1,
-        step_timeout=0.5,
-        close_timeout=1,
-        concurrent_envs=concurrent_envs,
-    ) as venv:
+    async with _one_worker(env_fns, concurrent_envs=concurrent_envs) as venv:
         await venv.areset()
         for _ in range(2):
             venv.send(np.zeros(2, dtype=np.int64))
@@ -268,12 +266,8 @@ async def test_a_hang_in_a_call_is_found_while_another_env_of_it_keeps_stepping(
     """A call to every env of a worker stepping them at once hangs in env 3, while env 0
     (done with its part) keeps stepping first-ready: env 0's answers do not keep
     restarting the call's clock, so the hang is found."""
-    async with aiovec.VecEnv(
-        [partial(_PausingEnv, i) for i in range(4)],
-        num_workers=1,
-        step_timeout=0.5,
-        close_timeout=1,
-        concurrent_envs=True,
+    async with _one_worker(
+        [partial(_PausingEnv, i) for i in range(4)], concurrent_envs=True
     ) as venv:
         await venv.areset()
         call = asyncio.ensure_future(venv.acall("pause_env", 3, 3600))
@@ -292,11 +286,12 @@ async def test_steps_queued_while_a_worker_finds_its_envs_wait_are_not_late():
     steps in turn run in threads once it finds that its envs wait: each, taking 0.3 s
     of the 0.5 s step_timeout, counts from then, not from its send."""
     env_fns = [partial(CounterEnv, i, delay=0.3) for i in range(4)]
-    async with aiovec.VecEnv(env_fns, num_workers=1, step_timeout=0.5, close_timeout=1) as venv:
+    async with _one_worker(env_fns) as venv:
         await venv.areset()
         for _ in range(4):
-            for env_id in range(4):
-                venv.send(np.zeros(1, dtype=np.int64), env_ids=[env_id])
-            received = []
-            while len(received) < 4:
-                received += (await asyncio.wait_for(venv.recv(), BOUND)).env_ids.tolist()
+            await _step_one_env_at_a_time(venv)
+
+
+def _one_worker(env_fns, **options) -> aiovec.VecEnv:
+    """``env_fns`` in one worker process, with a step_timeout of 0.5 s."""
+    return aiovec.VecEnv(env_fns, num_workers=1, step_timeout=0.5, close_timeout=1, **options)
