@@ -53,7 +53,9 @@ def env_errors() -> tuple[type[BaseException], ...]:
     rebuilt) rather than the end of whatever runs it: any ``Exception`` and, in a worker
     process, any other ``BaseException`` too (``KeyboardInterrupt``, ``SystemExit``, a
     library's own abort class) except those of ``_NEVER_ENV_ERRORS`` (see
-    :func:`catch_env_exits`).
+    :func:`catch_env_exits`). A ``GeneratorExit`` the env raised itself is its failure
+    too, but only where aiovec can tell it from the close of its own coroutine or
+    generator: see :func:`call_errors` and :func:`as_env_error`.
 
     Evaluated where an ``except`` clause meets an exception (only then), so that the
     classes a program defines later are included."""
@@ -92,8 +94,9 @@ def as_env_error(exc: BaseException) -> BaseException:
 
 
 def catch_env_exits() -> None:
-    """From now on, any ``BaseException`` raised by an env (but a cancellation or a
-    ``GeneratorExit``) is that env's error. Only for a worker process: it ignores
+    """From now on, any ``BaseException`` raised by an env (but a cancellation) is that
+    env's error (a ``GeneratorExit`` as :func:`env_errors` says). Only for a worker
+    process: it ignores
     SIGINT, so there a ``KeyboardInterrupt`` or ``SystemExit`` can only come from an
     env's own code (``sys.exit()`` in a simulator's error handler), and its other envs
     must live on. In the agent's process a KeyboardInterrupt is the user's Ctrl-C, which
