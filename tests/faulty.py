@@ -216,3 +216,30 @@ class GeneratorExitEnv(CounterEnv):
     def close(self):
         if self.in_close:
             raise GeneratorExit(f"simulator {self.env_index} gone while closing")
+
+
+class RebuiltSlowlyEnv(CounterEnv):
+    """Starts a simulator (``sleep``) that its close() leaves running, writing the
+    simulator's pid to a file in ``pid_dir``; exits its worker on its ``crash_at``-th
+    step; when rebuilt (a simulator file is there already), it takes
+    ``rebuild_seconds`` more to build."""
+
+    def __init__(
+        self, env_index: int = 0, pid_dir: str = "", crash_at: int = 2, rebuild_seconds=1.0
+    ) -> None:
+        super().__init__(env_index)
+        import subprocess
+
+        rebuilt = bool(os.listdir(pid_dir))
+        self.crash_at, self.steps = crash_at, 0
+        self.simulator = subprocess.Popen(["sleep", "300"])
+        with open(os.path.join(pid_dir, f"{self.simulator.pid}.pid"), "w"):
+            pass
+        if rebuilt:
+            time.sleep(rebuild_seconds)
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.crash_at:
+            os._exit(3)
+        return super().step(action)

@@ -751,3 +751,32 @@ def test_a_blocking_envs_generatorexit_is_its_error_on_every_backend(backend_nam
     assert venv.step([0, 0])[0][0].tolist() == [0, 3]  # its worker lives on
     venv.close()
     assert venv.closed
+
+
+def test_close_while_a_worker_is_rebuilt_is_a_normal_close_for_it(tmp_path):
+    """close() while a crashed worker's replacement still builds its envs: that worker
+    is told to close, as the others are, not treated as abandoned by a dead agent, so
+    what its envs started and their close() leaves running is left alone (a normal
+    close never kills the processes of the envs' process groups)."""
+    from tests.faulty import RebuiltSlowlyEnv
+
+    env_fns = [partial(RebuiltSlowlyEnv, 0, str(tmp_path))]
+    venv = aiovec.VecEnv(env_fns, backend="process", on_failure="restart", max_restarts=2)
+    try:
+        venv.reset()
+        venv.step([0])
+        venv.step_async([0])  # the worker exits; its replacement builds for a second
+        with pytest.raises(aiovec.WaitTimeoutError):
+            venv.step_wait(timeout=0.5)
+        venv.close()
+        files = sorted(tmp_path.glob("*.pid"), key=lambda path: path.stat().st_mtime_ns)
+        crashed, rebuilt = (int(path.stem) for path in files)  # one each
+        time.sleep(0.5)
+        assert not pid_alive(crashed)  # its worker crashed: taken along
+        assert pid_alive(rebuilt)
+    finally:
+        for path in tmp_path.glob("*.pid"):
+            try:
+                os.kill(int(path.stem), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -246,20 +246,26 @@ class Channel:
         :data:`MAX_FDS`); call with no frame pending.
 
         Raises:
-            EOFError: the other end closed, or sent a frame instead (it gave up handing
-                them over: a Ctrl-C there, then its ``Close``).
+            EOFError: the other end closed.
+            FrameInsteadOfDescriptors: it sent a frame instead (its ``Close``: it will not
+                hand them over).
         """
         assert not self._pending, "a descriptor must not be interleaved with read-ahead frames"
         try:
             fds = list(recvfds(self.sock, limit or MAX_FDS))
         except RuntimeError as exc:  # bytes without descriptors
-            raise EOFError(f"no descriptors came: {exc}") from None
+            raise FrameInsteadOfDescriptors(f"no descriptors came: {exc}") from None
         for fd in fds:  # ours alone: never inherited by a program this process starts
             os.set_inheritable(fd, False)
         return fds
 
     def close(self) -> None:
         self.sock.close()
+
+
+class FrameInsteadOfDescriptors(EOFError):
+    """A frame came where descriptors were expected: the other end sent its ``Close``
+    rather than hand them over (it is closing; it is not gone)."""
 
 
 def channel_pair() -> tuple[Channel, socket.socket]:

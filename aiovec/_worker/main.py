@@ -36,7 +36,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._loop import new_event_loop
 from aiovec._transport.buffers import build_buffers
-from aiovec._transport.channel import Channel
+from aiovec._transport.channel import Channel, FrameInsteadOfDescriptors
 from aiovec._transport.memory import SharedRegion
 from aiovec._transport.protocol import (
     Close,
@@ -189,7 +189,9 @@ def worker_main(
             _run_to_the_end(_serve_async(connection, env_host, step_timeout))
         finally:
             host.close()
-    except (EOFError, ConnectionError):  # the agent is gone (or gave up on us): nobody to report to
+    except FrameInsteadOfDescriptors:  # told to close before it had its buffers
+        pass  # a normal end: what its envs' close() left running is left alone
+    except (EOFError, ConnectionError):  # the agent is gone: there is nobody to report to
         _end_with_agent()
 
 
@@ -197,8 +199,8 @@ def _layout(frame: bytes) -> Any:
     """The buffers' layout the agent sent after their descriptors.
 
     Raises:
-        EOFError: the agent sent ``Close`` instead (it gave up on this worker: a Ctrl-C
-            while it handed the buffers out).
+        FrameInsteadOfDescriptors: the agent sent ``Close`` instead (it is closing: a
+            Ctrl-C while it handed the buffers out).
     """
     try:
         return pickle.loads(frame)
@@ -208,7 +210,7 @@ def _layout(frame: bytes) -> Any:
         except Exception:
             command = None
         if isinstance(command, Close):
-            raise EOFError("closed before the buffers' layout came") from None
+            raise FrameInsteadOfDescriptors("closed before the buffers' layout came") from None
         raise
 
 

@@ -691,10 +691,12 @@ class ProcessBackend(Backend):
         try:
             for worker, connection in enumerate(self._connections):
                 if worker in self._starting and connection is not None:
-                    # Not handed its buffers yet, it waits for descriptors, not frames:
-                    # the end of the channel stops it (a Close would arrive as garbage).
+                    # Not handed its buffers yet, it waits for descriptors: a Close in
+                    # their place tells it to close (see FrameInsteadOfDescriptors), as
+                    # the others are; not the end of its channel, which says the agent
+                    # is gone (its envs' processes are then killed with it).
                     try:
-                        connection.sock.shutdown(socket.SHUT_RDWR)
+                        connection.sock.send(_framed(encode(Close(seq=0))), socket.MSG_DONTWAIT)
                     except OSError:
                         pass
                 elif worker not in self._dead and connection is not None:
