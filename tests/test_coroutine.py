@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import textwrap
 import time
 from functools import partial
 
@@ -12,7 +13,7 @@ from gymnasium.vector import AutoresetMode
 
 import aiovec
 from tests.async_envs import AsyncCounterEnv
-from tests.helpers import assert_cancelled_recv_loses_nothing, random_traffic
+from tests.helpers import assert_cancelled_recv_loses_nothing, random_traffic, run_python
 from tests.test_parity import assert_same
 
 
@@ -380,3 +381,37 @@ async def test_a_cancelled_error_raised_by_the_env_itself_is_that_envs_error(bac
             assert venv.restart_counts.tolist() == [0, 1, 0]
             assert "cancelled" in infos["restart_reason"][1]
             assert observations[[0, 2], 1].tolist() == [2, 2]
+
+
+def test_a_vector_env_left_on_a_closed_loop_is_collected_quietly():
+    """Async envs stepping on a loop that its owner closed without closing the vector
+    env: garbage-collecting it raises nothing from aiovec's own code (it raised
+    'Event loop is closed' and 'no running event loop' as ignored exceptions)."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import asyncio, gc
+            from functools import partial
+            import numpy as np
+            import aiovec
+            from tests.async_envs import AsyncCounterEnv
+
+            async def main():
+                env_fns = [partial(AsyncCounterEnv, i, delay=5) for i in range(2)]
+                venv = aiovec.VecEnv(env_fns, backend="coroutine")
+                await venv.areset()
+                venv.send(np.zeros(2, dtype=np.int64))
+                await asyncio.sleep(0.1)
+                return venv
+
+            loop = asyncio.new_event_loop()
+            venv = loop.run_until_complete(main())
+            loop.close()  # its runners still pending
+            del venv, loop
+            gc.collect()
+            print("collected")
+            """
+        )
+    )
+    assert result.stdout.strip() == "collected"
+    assert "Exception ignored" not in result.stderr, result.stderr

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
 from aiovec._worker.blocks import BlockHost
-from aiovec._worker.host import EnvHost, StepOutcome, call_errors, error_info
+from aiovec._worker.host import EnvHost, StepOutcome, call_errors, error_info, running_task
 from aiovec.errors import StepTimeoutError
 
 logger = logging.getLogger("aiovec")
@@ -78,7 +78,8 @@ class AsyncEnvServer:
             self._flush()
         runners = list(self.runners.values())
         for runner in runners:
-            runner.cancel()
+            if not runner.get_loop().is_closed():  # else it never runs again anyway
+                runner.cancel()
         self.runners.clear()
         self._parked.clear()
         return runners
@@ -122,7 +123,8 @@ class AsyncEnvServer:
             queue.clear()
             raise
         finally:
-            if self.runners.get(env_id) is asyncio.current_task():
+            current = running_task()  # None: its coroutine is closed, its loop gone
+            if current is not None and self.runners.get(env_id) is current:
                 del self.runners[env_id]
 
     def _start(self, env_id: int, command: EnvCommand, position: int) -> Awaitable[Any]:
@@ -274,7 +276,8 @@ class AsyncBlockServer:
         """Cancel every runner."""
         runners = list(self.runners.values())
         for runner in runners:
-            runner.cancel()
+            if not runner.get_loop().is_closed():  # else it never runs again anyway
+                runner.cancel()
         self.runners.clear()
         return runners
 
