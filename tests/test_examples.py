@@ -85,7 +85,8 @@ def test_example_runs(script, tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)},
+        # TMPDIR: SB3's learn() leaves a log folder in the temp dir
+        env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent), "TMPDIR": str(tmp_path)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert expected in result.stdout

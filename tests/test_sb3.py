@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 
 import gymnasium as gym
 import numpy as np
@@ -15,6 +16,12 @@ import aiovec
 from aiovec.integrations.sb3 import SB3VecEnv, make_sb3_vec_env
 from tests.envs import SpacesEnv
 from tests.test_parity import assert_same
+
+
+@pytest.fixture(autouse=True)
+def _sb3_logs_in_tmp_path(tmp_path, monkeypatch):
+    """SB3's ``learn()`` makes a log folder in the temp dir each time: keep it in pytest's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def rollout(env, steps: int = 120) -> list:

@@ -70,7 +70,7 @@ def ale_py_stub(cache: Path) -> Path | None:
 
 
 @pytest.mark.timeout(400)
-def test_sb3_vec_env_tests_pass_with_aiovec():
+def test_sb3_vec_env_tests_pass_with_aiovec(tmp_path):
     root = sdist_tests("stable-baselines3")
     paths = [str(REPO)]
     stub = ale_py_stub(root)
@@ -78,6 +78,7 @@ def test_sb3_vec_env_tests_pass_with_aiovec():
         paths.append(str(stub))
     env = {
         **os.environ,
+        "TMPDIR": str(tmp_path),  # SB3's learn() leaves a log folder in the temp dir
         "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(
             os.pathsep
         ),
