@@ -23,7 +23,8 @@ class Stats:
     Times are seconds of wall-clock time. Subtract two snapshots (``later - earlier``)
     for the counters of the interval between them: step-latency quantiles are then
     those of the results that arrived in the interval (as far as the latest
-    ``LATENCY_WINDOW`` results reach), loop lag that of the later snapshot.
+    ``LATENCY_WINDOW`` results reach); ``max_queue_depth`` and ``loop_lag`` are the later
+    snapshot's (since the env was built: two snapshots cannot tell an interval's maximum).
 
     Guarantees: ``env_steps`` counts every step result that arrived (errors included);
     ``env_time`` is what the envs' hosts spent running commands (env code plus the
@@ -47,7 +48,8 @@ class Stats:
     agent_time: float = 0.0
     #: Seconds aiovec's calls spent waiting for results (blocked, or awaiting the loop).
     wait_time: float = 0.0
-    #: Ready-queue length when results were taken: mean and maximum.
+    #: Ready-queue length when results were taken: mean (of the interval, for a
+    #: difference of snapshots) and maximum (always since the env was built).
     mean_queue_depth: float = 0.0
     max_queue_depth: int = 0
     #: Send-to-result latency (seconds) of the latest env-steps (of the interval, for a

@@ -9,7 +9,9 @@
 Both understand the autoreset modes: with ``NEXT_STEP`` the result that follows the end
 of an episode is the reset (reward 0), which belongs to no episode and makes no
 transition; with ``SAME_STEP`` the final observation comes from ``infos["final_obs"]``;
-with ``DISABLED`` call ``reset`` for the envs you reset.
+with ``DISABLED`` call ``reset`` for the envs you reset. Built for one mode (``for_env``
+takes the vector env's), they refuse batches of another with a ``ValueError``. A rebuilt
+env's answer (``on_failure="restart"``) ends the old episode and makes no transition.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from aiovec._episode_marks import autoreset_mode_of, check_autoreset_mode, info_mask
 from aiovec.vector_env import Batch
+
+
+def _for_env(cls: Any, env: Any) -> Any:
+    """``cls`` built for ``env``'s number of envs and autoreset mode."""
+    return cls(env.num_envs, autoreset_mode_of(env) or AutoresetMode.NEXT_STEP)
 
 
 class Episode(NamedTuple):
@@ -57,6 +65,12 @@ class EpisodeStatistics:
         #: The most recent finished episodes (at most 1000).
         self.finished: deque[Episode] = deque(maxlen=1000)
 
+    @classmethod
+    def for_env(cls, env: Any) -> EpisodeStatistics:
+        """Statistics for ``env`` (an ``aiovec.VecEnv`` or any Gymnasium vector env): its
+        number of envs and autoreset mode."""
+        return _for_env(cls, env)  # type: ignore[no-any-return]
+
     def reset(self, env_ids: Sequence[int] | None = None) -> None:
         """Start new episodes for ``env_ids`` (default: all), e.g. after ``reset()``."""
         rows = slice(None) if env_ids is None else np.asarray(env_ids)
@@ -66,19 +80,22 @@ class EpisodeStatistics:
         self._after_end[rows] = False
 
     def update(self, batch: Batch) -> list[Episode]:
-        """Account for one batch; return the episodes it finished."""
+        """Account for one batch; return the episodes it finished.
+
+        Raises:
+            ValueError: the batch comes from a vector env autoresetting in another mode
+                (nothing is counted).
+        """
         now = time.monotonic()
         finished = []
-        ends = batch.terminations | batch.truncations
-        restarted = batch.infos.get("_restarted")
+        ends = np.asarray(batch.terminations | batch.truncations, dtype=np.bool_)
+        restarted = info_mask(batch.infos, "restarted", len(ends))
+        check_autoreset_mode(self.autoreset_mode, batch.infos, ends, restarted, type(self).__name__)
         for row, env_id in enumerate(batch.env_ids.tolist()):
-            if self._after_end[env_id]:
-                self._after_end[env_id] = False
-                if self.autoreset_mode is AutoresetMode.NEXT_STEP:
-                    continue  # the autoreset result: no step of any episode
-            if restarted is not None and restarted[row]:
-                # A rebuilt env's answer (on_failure="restart"): the old episode ended
-                # with the failure (truncated) and this result is no step of it.
+            if restarted[row]:
+                # A rebuilt env's answer (on_failure="restart"), maybe in place of the
+                # autoreset: the old episode ended with the failure (truncated, if it had
+                # begun) and this result is no step of it.
                 if not np.isnan(self._started[env_id]):
                     episode = Episode(
                         env_id,
@@ -93,6 +110,10 @@ class EpisodeStatistics:
                 # NEXT_STEP: the answer is truncated=True, so a reset result follows.
                 self._after_end[env_id] = self.autoreset_mode is AutoresetMode.NEXT_STEP
                 continue
+            if self._after_end[env_id]:
+                self._after_end[env_id] = False
+                if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+                    continue  # the autoreset result: no step of any episode
             if np.isnan(self._started[env_id]):
                 self._started[env_id] = now
             self.returns[env_id] += batch.rewards[row]
@@ -114,7 +135,15 @@ class EpisodeStatistics:
 
 class Chunk(NamedTuple):
     """``length`` consecutive transitions of each env in ``env_ids``: every field has
-    shape ``(len(env_ids), length, ...)`` (observations keep their Dict/Tuple nesting)."""
+    shape ``(len(env_ids), length, ...)`` (observations keep their Dict/Tuple nesting).
+
+    ``episode_starts`` is True where a transition's observation is the first of an
+    episode: after :meth:`TransitionAssembler.reset`, an episode's end, or a restart
+    (``on_failure="restart"``). A transition never continues from the one before it
+    there, though neither of that one's end flags may be set (a reset mid-episode, a
+    failure): cut returns, GAE and n-step sums at these marks, as
+    :meth:`aiovec.ReplayBuffer.add_chunk` does (SB3's ``episode_starts``).
+    """
 
     env_ids: np.ndarray
     observations: Any
@@ -123,6 +152,7 @@ class Chunk(NamedTuple):
     next_observations: Any
     terminations: np.ndarray
     truncations: np.ndarray
+    episode_starts: np.ndarray
 
 
 class TransitionAssembler:
@@ -131,6 +161,11 @@ class TransitionAssembler:
     Call :meth:`reset` with the observations of a reset, :meth:`sent` with what you
     pass to ``send``, and :meth:`received` with every batch ``recv`` returns; then
     :meth:`take` hands out chunks of ``length`` transitions per env, oldest first.
+
+    Each result must follow a :meth:`sent` of its env's action (a ``RuntimeError``
+    otherwise: it would pair with an older action), and come from a vector env
+    autoresetting in ``autoreset_mode`` (a ``ValueError`` otherwise; :meth:`for_env`
+    takes the env's). Both are checked before anything of the batch is recorded.
 
     It keeps copies of what it is given: refilling one action array every step, or a
     ``copy=False`` vector env overwriting its result buffers, changes no transition.
@@ -147,7 +182,16 @@ class TransitionAssembler:
         self._observation: list[Any] = [None] * num_envs
         self._action: list[Any] = [None] * num_envs
         self._after_end = [False] * num_envs
+        self._has_action = [False] * num_envs  # sent() since its last result
+        # The env's next transition starts an episode (see Chunk.episode_starts).
+        self._starts_episode = [True] * num_envs
         self._transitions: list[deque[tuple[Any, ...]]] = [deque() for _ in range(num_envs)]
+
+    @classmethod
+    def for_env(cls, env: Any) -> TransitionAssembler:
+        """An assembler for ``env`` (an ``aiovec.VecEnv`` or any Gymnasium vector env):
+        its number of envs and autoreset mode."""
+        return _for_env(cls, env)  # type: ignore[no-any-return]
 
     def reset(self, observations: Any, env_ids: Sequence[int] | None = None) -> None:
         """Record reset observations (a batch, in the order of ``env_ids``, default all)."""
@@ -155,30 +199,56 @@ class TransitionAssembler:
         for row, env_id in enumerate(ids):
             self._observation[env_id] = _row(observations, row, len(ids))
             self._after_end[env_id] = False
+            self._starts_episode[env_id] = True
 
     def sent(self, actions: Any, env_ids: Sequence[int] | None = None) -> None:
         """Record the actions sent to ``env_ids`` (default all), in that order."""
         ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
         for row, env_id in enumerate(ids):
             self._action[env_id] = _row(actions, row, len(ids))
+            self._has_action[env_id] = True
 
     def received(self, batch: Batch) -> None:
-        """Turn a batch of results into transitions."""
+        """Turn a batch of results into transitions.
+
+        Raises:
+            ValueError: the batch comes from a vector env autoresetting in another mode.
+            RuntimeError: an env's result completes a step whose action :meth:`sent`
+                was not given.
+        """
         final_observations: Any = batch.infos.get("final_obs")  # set where _final_obs is
         final_mask = batch.infos.get("_final_obs")
-        restarted_mask = batch.infos.get("_restarted")
         env_ids = batch.env_ids.tolist()
+        ends = np.asarray(batch.terminations | batch.truncations, dtype=np.bool_)
+        restarted = info_mask(batch.infos, "restarted", len(env_ids))
+        check_autoreset_mode(self.autoreset_mode, batch.infos, ends, restarted, type(self).__name__)
+        next_step = self.autoreset_mode is AutoresetMode.NEXT_STEP
+        unsent = [
+            env_id
+            for row, env_id in enumerate(env_ids)
+            if not restarted[row]
+            and not (self._after_end[env_id] and next_step)
+            and not self._has_action[env_id]
+        ]
+        if unsent:
+            raise RuntimeError(
+                f"envs {unsent} returned results for which no action was recorded: call "
+                "assembler.sent(actions, env_ids) with what you pass to send()/step()"
+            )
         for row, env_id in enumerate(env_ids):
             observation = _row(batch.observations, row, len(env_ids))
-            if self._after_end[env_id] and self.autoreset_mode is AutoresetMode.NEXT_STEP:
-                self._after_end[env_id] = False  # the autoreset: a new episode starts here
-                self._observation[env_id] = observation
-                continue
-            if restarted_mask is not None and restarted_mask[row]:
+            self._has_action[env_id] = False  # each action completes one result
+            if restarted[row]:
                 # A rebuilt env (on_failure="restart") answers with its new episode's first
-                # observation (truncated=True): no transition from the old env into it.
+                # observation (truncated=True), maybe in place of the autoreset: no
+                # transition from the old env into it. NEXT_STEP: a reset result follows.
                 self._observation[env_id] = observation
                 self._after_end[env_id] = True
+                self._starts_episode[env_id] = True
+                continue
+            if self._after_end[env_id] and next_step:
+                self._after_end[env_id] = False  # the autoreset: a new episode starts here
+                self._observation[env_id] = observation
                 continue
             terminated, truncated = bool(batch.terminations[row]), bool(batch.truncations[row])
             next_observation = observation
@@ -192,10 +262,12 @@ class TransitionAssembler:
                     next_observation,
                     terminated,
                     truncated,
+                    self._starts_episode[env_id],
                 )
             )
             self._observation[env_id] = observation
             self._after_end[env_id] = terminated or truncated
+            self._starts_episode[env_id] = terminated or truncated
 
     def available(self) -> np.ndarray:
         """How many transitions each env has waiting."""
@@ -214,7 +286,7 @@ class TransitionAssembler:
             return None
         per_env = [[self._transitions[i].popleft() for _ in range(length)] for i in env_ids]
         fields = list(zip(*[list(zip(*steps)) for steps in per_env]))
-        observations, actions, rewards, next_observations, terms, truncs = (
+        observations, actions, rewards, next_observations, terms, truncs, starts = (
             _stack([_stack(list(items)) for items in field]) for field in fields
         )
         return Chunk(
@@ -225,6 +297,7 @@ class TransitionAssembler:
             next_observations,
             np.asarray(terms),
             np.asarray(truncs),
+            np.asarray(starts, dtype=np.bool_),
         )
 
 

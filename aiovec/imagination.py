@@ -27,6 +27,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 from torch import nn
 
+from aiovec._worker import in_worker_process
+
 
 class DynamicsModel(nn.Module):
     """An MLP from (observation, one-hot action) to (observation change, reward,
@@ -117,8 +119,14 @@ class ModelVectorEnv(VectorEnv):
     Each rollout starts from a state drawn from ``start_states`` (real observations),
     follows the model, terminates where the model predicts it (termination probability
     above 0.5) and is truncated after ``horizon`` steps. NEXT_STEP autoreset, like
-    Gymnasium's vector envs. ``threads`` sets ``torch.set_num_threads`` for the process
-    that builds it (one per worker for a fair split of the cores).
+    Gymnasium's vector envs. Start states are drawn as Gymnasium's resets draw: from
+    fresh entropy until ``reset(seed=...)``, then reproducibly (aiovec gives each block
+    its own seed).
+
+    ``threads`` sets ``torch.set_num_threads`` for the process that builds it; the
+    default (``None``) sets 1 in aiovec's worker processes (a fair split of the cores
+    between workers) and leaves the caller's process alone (the inline backend builds
+    the blocks in the learner's process).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -129,8 +137,10 @@ class ModelVectorEnv(VectorEnv):
         weights: dict[str, Any],
         start_states: np.ndarray,
         horizon: int = 16,
-        threads: int | None = 1,
+        threads: int | None = None,
     ) -> None:
+        if threads is None and in_worker_process():
+            threads = 1
         if threads is not None:
             torch.set_num_threads(threads)
         self.model = load_model(weights)
@@ -145,6 +155,7 @@ class ModelVectorEnv(VectorEnv):
         self.steps = torch.zeros(num_envs, dtype=torch.int64)
         self.ended = torch.zeros(num_envs, dtype=torch.bool)
         self._generator = torch.Generator()
+        self._generator.seed()  # fresh entropy: unseeded blocks and runs differ
 
     @classmethod
     def factory(cls, num_envs: int, **kwargs: Any) -> ModelVectorEnv:

@@ -25,6 +25,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import create_empty_array
 
+from aiovec._episode_marks import autoreset_mode_of, check_autoreset_mode, info_mask
 from aiovec._transport.spaces import batch_checker, is_shareable, read_rows, write_rows
 
 #: Version of the ``.npz`` layout written by :meth:`ReplayBuffer.save`.
@@ -157,7 +158,7 @@ class ReplayBuffer:
         """A buffer laid out for ``env`` (an ``aiovec.VecEnv`` or any Gymnasium vector
         env): its single spaces, number of envs and autoreset mode."""
         kwargs.setdefault("num_envs", env.num_envs)
-        mode = getattr(env, "autoreset_mode", None) or env.metadata.get("autoreset_mode")
+        mode = autoreset_mode_of(env)
         if mode is not None:
             kwargs.setdefault("autoreset_mode", mode)
         return cls(capacity, env.single_observation_space, env.single_action_space, **kwargs)
@@ -215,7 +216,10 @@ class ReplayBuffer:
         if self.autoreset_mode is not AutoresetMode.NEXT_STEP:
             makes_transition[:] = True
         # A rebuilt env (on_failure="restart") answers with its new first observation.
-        restarted = _info_mask(infos, "restarted", len(env_ids))
+        restarted = info_mask(infos, "restarted", len(env_ids))
+        check_autoreset_mode(
+            self.autoreset_mode, infos, terminations | truncations, restarted, type(self).__name__
+        )
         makes_transition &= ~restarted
         rows = np.flatnonzero(makes_transition)
         unsent = env_ids[rows][~self._has_action[env_ids[rows]]]
@@ -260,14 +264,23 @@ class ReplayBuffer:
         terminations: Any,
         truncations: Any,
         env_ids: Sequence[int] | np.ndarray | None = None,
+        episode_starts: Any = None,
     ) -> None:
         """Add ready-made transitions (batches with one row per transition). Give
         ``env_ids`` (which env each row came from, in time order per env) to link
-        consecutive transitions for n-step returns."""
+        consecutive transitions for n-step returns; a row whose ``episode_starts`` is
+        True (its observation begins an episode: after a reset or a restart) is never
+        linked to its env's previous transition."""
         count = len(np.asarray(rewards))
         ids = None if env_ids is None else np.asarray(env_ids, dtype=np.int64)
         if ids is not None and len(ids) != count:
             raise ValueError(f"env_ids has {len(ids)} entries for {count} transitions")
+        starts = None if episode_starts is None else np.asarray(episode_starts, dtype=np.bool_)
+        if starts is not None and starts.shape != (count,):
+            raise ValueError(
+                f"episode_starts has shape {starts.shape} for {count} transitions: give one "
+                "flag per transition"
+            )
         self._insert(
             ids,
             observations,
@@ -276,14 +289,17 @@ class ReplayBuffer:
             next_observations,
             np.asarray(terminations, dtype=np.bool_),
             np.asarray(truncations, dtype=np.bool_),
+            starts,
         )
 
     def add_chunk(self, chunk: Any) -> None:
         """Add a :class:`aiovec.TransitionAssembler` chunk (``(envs, length, ...)``
-        fields), linked per env for n-step returns."""
+        fields), linked per env for n-step returns, never across the chunk's
+        ``episode_starts`` (a reset or restart mid-episode)."""
         num_envs, length = np.asarray(chunk.rewards).shape[:2]
         # Time-major rows keep each env's transitions in order, interleaved across envs.
         env_ids = np.tile(np.asarray(chunk.env_ids), length)
+        starts = getattr(chunk, "episode_starts", None)  # a chunk built by hand may have none
 
         def rows(field: Any) -> Any:
             if isinstance(field, dict):
@@ -301,6 +317,7 @@ class ReplayBuffer:
             rows(chunk.terminations),
             rows(chunk.truncations),
             env_ids=env_ids,
+            episode_starts=None if starts is None else rows(starts),
         )
 
     def _insert(
@@ -312,11 +329,13 @@ class ReplayBuffer:
         next_observations: Any,
         terminations: np.ndarray,
         truncations: np.ndarray,
+        episode_starts: np.ndarray | None = None,
     ) -> int:
         count = len(rewards)
         if count > self.capacity:  # only the newest fit
             keep = slice(count - self.capacity, count)
             env_ids = None if env_ids is None else env_ids[keep]
+            episode_starts = None if episode_starts is None else episode_starts[keep]
             observations, actions = read_rows(observations, keep), read_rows(actions, keep)
             next_observations = read_rows(next_observations, keep)
             rewards, terminations, truncations = (
@@ -337,16 +356,22 @@ class ReplayBuffer:
         self.successors[slots] = -1
         self.stamps[slots] = stamps
         if env_ids is not None:
-            self._link(env_ids, slots, stamps, terminations | truncations)
+            self._link(env_ids, slots, stamps, terminations | truncations, episode_starts)
         self.inserted += count
         self._inserted_slots(slots)
         return count
 
     def _link(
-        self, env_ids: np.ndarray, slots: np.ndarray, stamps: np.ndarray, ended: np.ndarray
+        self,
+        env_ids: np.ndarray,
+        slots: np.ndarray,
+        stamps: np.ndarray,
+        ended: np.ndarray,
+        starts: np.ndarray | None,
     ) -> None:
         """Point each env's previous transition at its next one (rows of one env are in
-        time order), as long as the previous one is still stored."""
+        time order), as long as the previous one is still stored and the next one does
+        not start an episode (``starts``)."""
         previous_slot = np.empty_like(slots)
         previous_stamp = np.empty_like(stamps)
         # Within this batch, an env's previous transition is its previous row here.
@@ -365,6 +390,8 @@ class ReplayBuffer:
         previous_slot[from_before] = self._last_slot[env_ids[from_before]]
         previous_stamp[from_before] = self._last_stamp[env_ids[from_before]]
         valid = (previous_slot >= 0) & ~ended_before
+        if starts is not None:
+            valid &= ~starts
         valid[valid] = self.stamps[previous_slot[valid]] == previous_stamp[valid]
         self.successors[previous_slot[valid]] = slots[valid]
         # Each env's last row in the batch becomes its last slot (none after an end).
@@ -575,8 +602,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 self._set_run(int(run[0]), len(run), value)
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        """Set the priorities of the sampled transitions ``indices`` (e.g. their TD
-        errors' magnitudes); priorities must be finite and non-negative."""
+        """Set the priorities of the sampled transitions ``indices``: their TD errors
+        (each counts by its magnitude: a negative one as its absolute value), plus
+        ``epsilon``; they must be finite.
+
+        ``indices`` name slots of the ring: once the buffer has wrapped past a sampled
+        transition, its index names the transition that replaced it (as in other
+        prioritized replays), so update soon after sampling."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         priorities = np.abs(np.asarray(priorities, dtype=np.float64)).reshape(-1)
         if indices.shape != priorities.shape:
@@ -634,6 +666,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError("the replay buffer is empty: add transitions before sampling")
         generator = np.random.default_rng(rng)
         total = self._sums[1]
+        if total <= 0:
+            raise ValueError(
+                "every priority is 0 (epsilon=0 and zero TD errors): nothing can be drawn in "
+                "proportion to them; give the buffer an epsilon > 0 or update a priority"
+            )
         if batch_size:
             segment = total / batch_size  # one draw from each of batch_size equal slices
             slots = self._descend((np.arange(batch_size) + generator.random(batch_size)) * segment)
@@ -717,16 +754,6 @@ def to_torch(value: Any, device: Any = None) -> Any:
         return item
 
     return convert(value)
-
-
-def _info_mask(infos: Any, key: str, count: int) -> np.ndarray:
-    """Rows whose info has ``key`` set to True (Gymnasium's vector format: ``_key``)."""
-    if not isinstance(infos, dict) or key not in infos:
-        return np.zeros(count, dtype=np.bool_)
-    values = np.asarray(infos[key])
-    mask = np.asarray(infos.get(f"_{key}", np.ones(count, dtype=np.bool_)), dtype=np.bool_)
-    # elementwise (values may be objects): an array, though typed Any
-    return cast(np.ndarray, mask & (values == True))  # noqa: E712
 
 
 def _first_leaf(batch: Any) -> Any:

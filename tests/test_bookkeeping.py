@@ -283,3 +283,256 @@ def test_assembler_takes_tensors_ranges_and_memoryviews_as_batches():
         assert np.asarray(chunk.actions).reshape(2).tolist() in ([1, 0], [0, 1])
     with pytest.raises(TypeError, match="batches of 1 rows"):
         TransitionAssembler(1).sent(np.array(1))  # a 0-d array: no row to take
+
+
+# --- episode boundaries that no end flag marks: restarts and resets mid-episode ------------
+
+
+class Chain(gym.Env):
+    """Observation ``[env, episode, t]``, reward ``1 + t + 10 * episode``; episodes of
+    ``3 + env`` steps, terminated for even episodes and truncated for odd ones.
+    ``fail_reset_after`` / ``fail_step_at``: raise once (per ``failed``, shared by every
+    rebuild) in the reset that follows that episode, or at step ``(episode, t)``."""
+
+    observation_space = gym.spaces.Box(-1e6, 1e6, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, env_id, failed, fail_reset_after=None, fail_step_at=None, first=0):
+        self.env_id, self.failed = env_id, failed
+        self.fail_reset_after, self.fail_step_at = fail_reset_after, fail_step_at
+        self.episode, self.t = first - 1, 0
+
+    def _observation(self):
+        return np.array([self.env_id, self.episode, self.t], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.episode == self.fail_reset_after and not self.failed:
+            self.failed.append(True)
+            raise RuntimeError("the autoreset failed")
+        self.episode, self.t = self.episode + 1, 0
+        return self._observation(), {}
+
+    def step(self, action):
+        if (self.episode, self.t) == self.fail_step_at and not self.failed:
+            self.failed.append(True)
+            raise RuntimeError("the step failed")
+        reward = 1.0 + self.t + 10 * self.episode
+        self.t += 1
+        done = self.t >= 3 + self.env_id
+        return (
+            self._observation(),
+            reward,
+            done and self.episode % 2 == 0,
+            done and self.episode % 2 == 1,
+            {},
+        )
+
+
+def _chain_fns(num_envs, **failure):
+    """Env 0 fails as ``failure`` says (once); its rebuilds number episodes from 10."""
+    failed: list = []
+    built = [0] * num_envs
+
+    def make(env_id):
+        built[env_id] += 1
+        first = 0 if built[env_id] == 1 else 10
+        kwargs = failure if env_id == 0 else {}
+        return Chain(env_id, failed, first=first, **kwargs)
+
+    return [lambda i=i: make(i) for i in range(num_envs)]
+
+
+def _feed(mode, steps, reset_at=None, **failure):
+    """Step two chain envs in lockstep, feeding an assembler, episode statistics and a
+    replay buffer through received(); reset every env mid-episode at step ``reset_at``."""
+    fns = _chain_fns(2, **failure)
+    with aiovec.VecEnv(fns, backend="inline", on_failure="restart", autoreset_mode=mode) as venv:
+        assembler = TransitionAssembler.for_env(venv)
+        statistics = EpisodeStatistics.for_env(venv)
+        buffer = aiovec.ReplayBuffer.for_env(venv, 1000, n_step=3, gamma=0.5)
+        observations, _ = venv.reset(seed=0)
+        assembler.reset(observations)
+        buffer.reset(observations)
+        episodes = []
+        for step in range(steps):
+            if step == reset_at:
+                observations, _ = venv.reset()
+                assembler.reset(observations)
+                buffer.reset(observations)
+                statistics.reset()
+            actions = np.zeros(2, np.int64)
+            assembler.sent(actions)
+            buffer.sent(actions)
+            result = venv.step(actions)
+            observations = result[0]
+            batch = aiovec.Batch(*result, np.arange(2))
+            assembler.received(batch)
+            buffer.received(result)
+            episodes += statistics.update(batch)
+    return assembler, statistics, buffer, episodes
+
+
+def _n_step_table(buffer):
+    """Every stored transition's n-step view: (obs, n-step reward, next obs, discount)."""
+    size = len(buffer)
+    sample = buffer._gather(np.arange(size), np.ones(size, np.float32), None)
+    return sorted(
+        (
+            tuple(sample.observations[i].tolist()),
+            float(sample.rewards[i]),
+            tuple(sample.next_observations[i].tolist()),
+            float(sample.discounts[i]),
+        )
+        for i in range(size)
+    )
+
+
+FAILURES = {
+    "a step fails mid-episode": {"fail_step_at": (1, 1)},
+    "the autoreset fails": {"fail_reset_after": 0},
+    "reset mid-episode": {"reset_at": 4},
+}
+
+
+@pytest.mark.parametrize("case", list(FAILURES))
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_add_chunk_links_no_transitions_across_restarts_and_resets(mode, case):
+    """A chunk marks where each env's episodes start, so add_chunk never links the last
+    transition before a restart or a mid-episode reset to the first after it: its
+    n-step returns are those of the same traffic fed through received()."""
+    options = dict(FAILURES[case])
+    reset_at = options.pop("reset_at", None)
+    assembler, _, direct, _ = _feed(mode, 14, reset_at=reset_at, **options)
+    chunked = aiovec.ReplayBuffer(
+        1000,
+        direct.observation_space,
+        direct.action_space,
+        num_envs=2,
+        autoreset_mode=mode,
+        n_step=3,
+        gamma=0.5,
+    )
+    taken = int(assembler.available().min())
+    assert taken >= 8
+    chunk = assembler.take(taken)
+    chunked.add_chunk(chunk)
+
+    starts = chunk.episode_starts
+    assert starts.shape == chunk.rewards.shape and starts.dtype == np.bool_
+    # an episode's first observation has t == 0: after reset(), an end, or a restart
+    np.testing.assert_array_equal(starts, chunk.observations[:, :, 2] == 0)
+
+    # Transitions whose 3 steps all lie in the chunk (or end an episode before) must
+    # have the n-step view the received() path gives them.
+    ends = chunk.terminations | chunk.truncations
+    complete = set()
+    for env in range(2):
+        for k in range(taken):
+            window = range(k, min(k + 3, taken))
+            if k + 2 < taken or any(ends[env, j] for j in window):
+                complete.add(tuple(chunk.observations[env, k].tolist()))
+    expected = [row for row in _n_step_table(direct) if row[0] in complete]
+    actual = [row for row in _n_step_table(chunked) if row[0] in complete]
+    assert len(actual) == len(complete) >= 12
+    assert actual == expected
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_a_restart_in_place_of_the_autoreset_is_no_step(mode):
+    """Env 0's reset after its first episode fails and the env is rebuilt: its answer
+    (the new env's first observation) is no step, so no transition comes from it and the
+    next episode's length counts only its own steps."""
+    assembler, _, _, episodes = _feed(mode, 12, fail_reset_after=0)
+    chunk = assembler.take(int(assembler.available()[0]), [0])
+    rewards = chunk.rewards[0].tolist()
+    env_0 = [(e.episode_return, e.length) for e in episodes if e.env_id == 0]
+    if mode is AutoresetMode.NEXT_STEP:
+        # episode 0 whole; the restart answers with the rebuilt env's episode 10, which
+        # ends it (truncated), and the reset that follows starts episode 11
+        assert rewards[:6] == [1.0, 2.0, 3.0, 111.0, 112.0, 113.0]
+        assert env_0[:2] == [(6.0, 3), (336.0, 3)]
+    else:  # the reset inside episode 0's last step fails: that step is lost
+        assert rewards[:5] == [1.0, 2.0, 101.0, 102.0, 103.0]
+        assert env_0[:2] == [(3.0, 2), (306.0, 3)]
+    # every transition steps within one episode
+    np.testing.assert_array_equal(chunk.next_observations[0, :, 1], chunk.observations[0, :, 1])
+    np.testing.assert_array_equal(chunk.next_observations[0, :, 2], chunk.observations[0, :, 2] + 1)
+
+
+@pytest.mark.parametrize("reader", ["assembler", "statistics", "replay"])
+@pytest.mark.parametrize(
+    ("built_for", "env_mode"),
+    [
+        (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP),
+        (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP),
+        (AutoresetMode.DISABLED, AutoresetMode.SAME_STEP),
+    ],
+    ids=lambda m: m.value,
+)
+def test_batches_of_another_autoreset_mode_are_refused(reader, built_for, env_mode):
+    """Fed the batches of a vector env that autoresets in another mode than it was built
+    for, each reader raises a ValueError naming both modes and for_env, instead of
+    silently dropping or inventing steps; nothing is recorded from that batch."""
+    with aiovec.VecEnv(_chain_fns(2), backend="inline", autoreset_mode=env_mode) as venv:
+        observations, _ = venv.reset(seed=0)
+        readers = {
+            "assembler": TransitionAssembler(2, built_for),
+            "statistics": EpisodeStatistics(2, built_for),
+            "replay": aiovec.ReplayBuffer(
+                100,
+                venv.single_observation_space,
+                venv.single_action_space,
+                num_envs=2,
+                autoreset_mode=built_for,
+            ),
+        }
+        target = readers[reader]
+        if reader != "statistics":
+            target.reset(observations)
+        with pytest.raises(ValueError, match=f"(?s){built_for.name}.*{env_mode.name}.*for_env"):
+            for _ in range(4):  # env 0's episode ends at the third step
+                actions = np.zeros(2, np.int64)
+                if reader != "statistics":
+                    target.sent(actions)
+                batch = aiovec.Batch(*venv.step(actions), np.arange(2))
+                if reader == "statistics":
+                    before = target.lengths.copy()
+                    target.update(batch)
+                elif reader == "assembler":
+                    before = target.available()
+                    target.received(batch)
+                else:
+                    before = len(target)
+                    target.received(batch)
+    after = {
+        "statistics": lambda: target.lengths,
+        "assembler": lambda: target.available(),
+        "replay": lambda: len(target),
+    }
+    np.testing.assert_array_equal(after[reader](), before)
+
+
+def test_assembler_refuses_a_result_whose_action_was_not_recorded():
+    """A result of an env whose action was not given to sent() would pair with the
+    previous step's action: a RuntimeError says to call sent(), and nothing is added."""
+    assembler = TransitionAssembler(2)
+    assembler.reset(np.zeros((2, 3)))
+    assembler.sent(np.array([1, 1]))
+    rewards, flags = np.ones(2), np.zeros(2, bool)
+    assembler.received(aiovec.Batch(np.ones((2, 3)), rewards, flags, flags, {}, np.arange(2)))
+    assembler.sent(np.array([0]), [0])
+    with pytest.raises(RuntimeError, match=r"envs \[1\].*sent\(actions, env_ids\)"):
+        assembler.received(aiovec.Batch(np.ones((2, 3)), rewards, flags, flags, {}, np.arange(2)))
+    assert assembler.available().tolist() == [1, 1]
+
+
+def test_readers_built_for_an_env_take_its_autoreset_mode():
+    for mode in MODES:
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(
+            aiovec.make("CartPole-v1", 2, backend="inline", autoreset_mode=mode)
+        )
+        assert TransitionAssembler.for_env(envs).autoreset_mode is mode
+        assert EpisodeStatistics.for_env(envs).autoreset_mode is mode
+        assert TransitionAssembler.for_env(envs).num_envs == 2
+        envs.close()

@@ -278,6 +278,31 @@ def test_bad_priorities_are_refused():
         buffer.update_priorities(np.array([0, 1]), np.array([1.0]))
 
 
+def test_signed_td_errors_count_by_magnitude():
+    """update_priorities takes TD errors as they come: a negative one counts as its
+    magnitude (as documented), not as a smaller priority."""
+    signed = PrioritizedReplayBuffer(4, OBS, ACT, alpha=1.0)
+    magnitudes = PrioritizedReplayBuffer(4, OBS, ACT, alpha=1.0)
+    for buffer, errors in ((signed, [-2.0, 1.0, -0.5, 3.0]), (magnitudes, [2.0, 1.0, 0.5, 3.0])):
+        buffer.add(**_transitions(4))
+        buffer.update_priorities(np.arange(4), np.array(errors))
+    np.testing.assert_array_equal(signed._sums, magnitudes._sums)
+
+
+def test_sampling_when_every_priority_is_zero_is_a_clear_error():
+    """With epsilon=0 and every priority 0 nothing can be drawn in proportion: a
+    ValueError says so, instead of NaN weights that would poison a loss."""
+    buffer = PrioritizedReplayBuffer(4, OBS, ACT, epsilon=0.0)
+    buffer.add(**_transitions(4))
+    buffer.update_priorities(np.arange(4), np.zeros(4))
+    with pytest.raises(ValueError, match="every priority is 0.*epsilon"):
+        buffer.sample(4, rng=0)
+    buffer.update_priorities(np.array([2]), np.array([1.0]))
+    sample = buffer.sample(4, rng=0)
+    assert sample.indices.tolist() == [2, 2, 2, 2]
+    assert np.isfinite(sample.weights).all()
+
+
 def test_prioritized_buffer_saves_and_loads(tmp_path):
     buffer = PrioritizedReplayBuffer(32, OBS, ACT, alpha=0.7, num_envs=2, n_step=2)
     buffer.add(**_transitions(20, env_ids=[i % 2 for i in range(20)]))

@@ -10,3 +10,19 @@ envs from computing ones. Nothing here
 imports the agent side (``vector_env``, the scheduler, the backends); it speaks to it
 through :mod:`aiovec._transport`.
 """
+
+_hosting_for_another_process = False
+
+
+def mark_worker_process() -> None:
+    """Record that this process hosts envs for an agent in another process (a worker
+    subprocess, a Ray actor): see :func:`in_worker_process`."""
+    global _hosting_for_another_process
+    _hosting_for_another_process = True
+
+
+def in_worker_process() -> bool:
+    """Whether this process is one of aiovec's workers (a subprocess or a Ray actor), not
+    the agent's: process-wide settings an env may take for itself (its number of torch
+    threads) are its own here, and the learner's in the agent's process."""
+    return _hosting_for_another_process

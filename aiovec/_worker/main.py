@@ -51,7 +51,7 @@ from aiovec._transport.protocol import (
     undecodable_reply,
 )
 from aiovec._transport.spin import SpinPolicy
-from aiovec._worker import thread_clock
+from aiovec._worker import mark_worker_process, thread_clock
 from aiovec._worker.async_server import AsyncEnvServer
 from aiovec._worker.blocks import BlockHost, build_host
 from aiovec._worker.host import (
@@ -140,6 +140,7 @@ def worker_main(
     envs (``envs_per_block`` given) are stepped one block after the other.
     """
     _die_with_agent(agent_pid)
+    mark_worker_process()
     set_timer_slack()  # before any thread starts: each inherits it
     sock.set_inheritable(False)  # as every descriptor of ours: see Channel.receive_fds
     if not daemon:  # its envs may start processes (multiprocessing refuses daemonic parents)

@@ -47,6 +47,7 @@ from aiovec._transport.protocol import (
     wire_reply,
 )
 from aiovec._transport.spaces import read_rows, write_rows
+from aiovec._worker import mark_worker_process
 from aiovec._worker.async_server import AsyncEnvServer
 from aiovec._worker.blocks import build_host
 from aiovec._worker.host import EnvBuildError, EnvHost
@@ -83,6 +84,7 @@ class EnvActor:
         envs_per_block: int | None = None,
         registrations: Sequence[bytes] = (),
     ) -> None:
+        mark_worker_process()
         install(registrations)  # before the factories, which may name those ids
         env_fns = cloudpickle.loads(factories)
         try:

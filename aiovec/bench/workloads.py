@@ -364,6 +364,7 @@ def w8(num_envs: int = 4096, horizon: int = 16) -> Workload:
         "weights": model_weights(DynamicsModel(obs_dim=4, num_actions=2)),
         "start_states": start_states,
         "horizon": horizon,
+        "threads": 1,  # in every process, this one included: a fair split of the cores
     }
     common: dict[str, Any] = {"env_fn": _make("CartPole-v1"), "num_envs": num_envs}
     blocks = partial(
