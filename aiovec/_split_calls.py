@@ -139,7 +139,7 @@ class SplitCalls:
         timeout = check_seconds("timeout", timeout, negative_ok=True)
         return cast("tuple[Any, ...]", self._finish("step", timeout))
 
-    def call_async(self: _Core, name: str, *args: Any, **kwargs: Any) -> None:
+    def call_async(self: _Core, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Start a call on every env; finish it with :meth:`call_wait`."""
         late = self._begin("call")
         if late is None:

@@ -135,6 +135,10 @@ class VecEnv(SplitCalls, VectorEnv):
     ``gymnasium.vector.AsyncVectorEnv``. On top of that it can be driven from asyncio,
     either in lockstep (``areset``/``astep``) or first-ready (``send``/``recv``).
 
+    ``AsyncVectorEnv``'s arguments may be passed by position, in its order
+    (``env_fns, shared_memory, copy, context, daemon, worker, observation_mode,
+    autoreset_mode, max_concurrency``); aiovec's own are keywords.
+
     Args:
         env_fns: one callable per env, each returning a new ``gymnasium.Env``. For the
             process backend they are sent to the workers with cloudpickle, so lambdas
@@ -257,12 +261,18 @@ class VecEnv(SplitCalls, VectorEnv):
         self,
         # each returns a gymnasium.Env, an aiovec.AsyncEnv, or (envs_per_block) a VectorEnv
         env_fns: Sequence[Callable[[], Any]],
+        # AsyncVectorEnv's arguments, in its order (code passing them by position works)
+        shared_memory: bool | None = None,
+        copy: bool = True,
+        context: str | None = None,
+        daemon: bool = True,
+        worker: Callable[..., None] | None = None,
+        observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]] = "same",
+        autoreset_mode: AutoresetMode | str | None = None,
+        max_concurrency: int | None = None,
         *,
         backend: str = "process",
         num_workers: int | None = None,
-        copy: bool = True,
-        autoreset_mode: AutoresetMode | str | None = None,
-        context: str | None = None,
         close_timeout: float = 5.0,
         inline_envs: int = 0,
         spin: float | None = None,
@@ -272,12 +282,7 @@ class VecEnv(SplitCalls, VectorEnv):
         ray_options: dict[str, Any] | None = None,
         concurrent_envs: bool | None = None,
         startup_timeout: float | None = 300.0,
-        observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]] = "same",
-        max_concurrency: int | None = None,
-        shared_memory: bool | None = None,
-        worker: Callable[..., None] | None = None,
         envs_per_block: int | None = None,
-        daemon: bool = True,
     ) -> None:
         self.observation_mode = check_observation_mode(observation_mode)
         #: Rows per batched env (``None``: single envs); ``num_envs`` is a multiple of it.

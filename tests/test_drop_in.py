@@ -632,3 +632,118 @@ def test_a_reward_that_is_no_number_is_the_envs_error_naming_it(backend):
         with pytest.raises(ValueError, match=r"reward .*shape \(1,\).*a number") as raised:
             venv.step(np.zeros(2, dtype=np.int64))
         assert isinstance(raised.value, aiovec.EnvError) and raised.value.env_index == 0
+
+
+# --- AsyncVectorEnv's signature, the agent's argv and source in workers --------------------
+
+
+def test_asyncvectorenv_positional_arguments_mean_the_same():
+    """``AsyncVectorEnv(env_fns, shared_memory, copy, context, daemon, worker,
+    observation_mode, autoreset_mode, max_concurrency)``: the same positions."""
+    import gymnasium as gym
+
+    import aiovec
+
+    fns = [partial(gym.make, "CartPole-v1")] * 2
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    args = (False, False, "spawn", False, None, "same", same_step, 1)
+    with aiovec.VecEnv(fns, *args) as venv:
+        assert (venv.shared_memory, venv.copy, venv.context, venv.daemon) == args[:4]
+        assert venv.observation_mode == "same"
+        assert (venv.autoreset_mode, venv.max_concurrency) == (same_step, 1)
+        venv.reset(seed=0)
+    with pytest.raises(TypeError, match="positional"):
+        aiovec.VecEnv(fns, *args, "process")  # aiovec's own options are keywords
+
+
+ARGV_AND_SOURCE = textwrap.dedent(
+    """
+    import inspect, sys
+    import gymnasium as gym
+    import numpy as np
+    import aiovec
+
+    class Sim(gym.Env):
+        observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            raise RuntimeError("the simulator diverged")  # the step's line
+
+        def argv(self):
+            return sys.argv
+
+        def source(self):
+            return inspect.getsource(type(self).step)
+
+    with aiovec.VecEnv([Sim] * 2, num_workers=2) as venv:
+        print("argv", venv.call("argv")[0])
+        print("source", "the step's line" in venv.call("source")[1])
+        venv.reset(seed=0)
+        try:
+            venv.step(np.zeros(2, np.int64))
+        except RuntimeError as error:
+            print("traceback", error.worker_traceback)
+    """
+)
+
+
+def test_workers_see_the_agents_argv_and_the_source_of_its_main_module(tmp_path):
+    """As in AsyncVectorEnv's workers: ``sys.argv`` is the agent's (envs that read flags),
+    and code defined in the agent's script keeps its file and lines (tracebacks show
+    them; ``inspect.getsource``, which TorchScript needs, works)."""
+    script = tmp_path / "train.py"
+    script.write_text(ARGV_AND_SOURCE)
+    result = _run([str(script), "--level", "7"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"argv [{str(script)!r}, '--level', '7']" in result.stdout
+    assert "source True" in result.stdout
+    assert f'File "{script}", line 16, in step' in result.stdout
+    assert "the step's line" in result.stdout.split("traceback", 1)[1]
+
+
+def test_code_of_a_notebook_cell_keeps_its_source_in_workers():
+    """A notebook's cells live in ``linecache`` under names no other process can read:
+    their lines travel with the code defined in them."""
+    import linecache
+
+    import aiovec
+
+    filename = "<aiovec-test-cell-1>"
+    cell = textwrap.dedent(
+        """
+        import inspect
+        from tests.envs import CounterEnv
+
+        class CellEnv(CounterEnv):
+            def source(self):  # defined in a cell
+                return inspect.getsource(type(self).source)
+        """
+    )
+    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+    namespace = {"__name__": "__aiovec_test_cell__"}  # no module to import: by value
+    exec(compile(cell, filename, "exec"), namespace)
+    try:
+        with aiovec.VecEnv([namespace["CellEnv"]], backend="process") as venv:
+            assert "# defined in a cell" in venv.call("source")[0]
+    finally:
+        del linecache.cache[filename]
+
+
+def test_call_async_forwards_a_keyword_called_name():
+    """``call_async(name, /, *args, **kwargs)`` as in Gymnasium: a method's own ``name``
+    keyword reaches it."""
+    import aiovec
+    from tests.envs import CounterEnv
+
+    class Greeter(CounterEnv):
+        def greet(self, name):
+            return f"hello {name}"
+
+    with aiovec.VecEnv([Greeter] * 2, backend="inline") as venv:
+        venv.call_async("greet", name="bob")
+        assert venv.call_wait() == ("hello bob", "hello bob")

@@ -9,7 +9,6 @@ import textwrap
 import time
 from functools import partial
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -255,12 +254,13 @@ async def test_step_timeout_bounds_each_env_of_an_actor_stepping_them_in_turn():
 
 
 def test_a_link_answers_only_the_connection_that_brings_the_token():
+    from aiovec._transport import by_value
     from aiovec._transport.channel import Channel
     from aiovec._transport.protocol import Reset, encode
     from aiovec.backends._ray_actor import EnvActor, answer_decoder
 
     actor = ray.remote(num_cpus=0)(EnvActor).remote(
-        cloudpickle.dumps({0: partial(CounterEnv, 0)}), AutoresetMode.NEXT_STEP.value, 0, None
+        by_value.dumps({0: partial(CounterEnv, 0)}), AutoresetMode.NEXT_STEP.value, 0, None
     )
     description = ray.get(actor.describe.remote())
     ray.get(actor.attach.remote(*description[0][0][:2], 1))

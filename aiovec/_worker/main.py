@@ -35,6 +35,7 @@ import cloudpickle
 from gymnasium.vector import AutoresetMode
 
 from aiovec._loop import new_event_loop
+from aiovec._transport import by_value
 from aiovec._transport.buffers import build_buffers
 from aiovec._transport.channel import Channel, FrameInsteadOfDescriptors
 from aiovec._transport.memory import SharedRegion
@@ -152,7 +153,7 @@ def worker_main(
     try:
         try:
             # By value (a fork: inherited as they are) or pickled (the zygote, spawn).
-            env_fns = factories if isinstance(factories, dict) else cloudpickle.loads(factories)
+            env_fns = factories if isinstance(factories, dict) else by_value.loads(factories)
             host, descriptions = build_host(
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
             )

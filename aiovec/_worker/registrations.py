@@ -19,9 +19,10 @@ from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any, NamedTuple
 
-import cloudpickle
 import gymnasium
 from gymnasium.envs.registration import EnvSpec
+
+from aiovec._transport import by_value
 
 _MAIN = "__main__:"
 
@@ -68,15 +69,15 @@ def agent_registrations(known: Mapping[str, Any] | None = None) -> list[bytes]:
         if known is not None and known.get(env_id) == spec:
             continue
         try:
-            pickled.append(cloudpickle.dumps(spec))
+            pickled.append(by_value.dumps(spec))
         except Exception as exc:  # an entry point or a keyword that cannot travel
             reason = f"{type(exc).__name__}: {exc}"
-            pickled.append(cloudpickle.dumps(_Unsendable(env_id, reason)))
+            pickled.append(by_value.dumps(_Unsendable(env_id, reason)))
     main = sys.modules.get("__main__")
     for name in sorted(names):
         if hasattr(main, name):
             try:  # defined in __main__: pickled by value
-                pickled.append(cloudpickle.dumps(_MainObject(name, getattr(main, name))))
+                pickled.append(by_value.dumps(_MainObject(name, getattr(main, name))))
             except Exception:
                 continue
     return pickled
@@ -91,7 +92,7 @@ def install(pickled: Iterable[bytes]) -> None:
     main = sys.modules["__main__"]
     for blob in pickled:
         try:
-            item = cloudpickle.loads(blob)
+            item = by_value.loads(blob)
         except Exception:
             continue
         if isinstance(item, _MainObject):

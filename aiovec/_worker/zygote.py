@@ -39,8 +39,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-import cloudpickle
-
+from aiovec._transport import by_value
 from aiovec._worker.registrations import agent_registrations, install
 
 _HEADER = struct.Struct("<I")
@@ -182,11 +181,12 @@ class Zygote:
     ) -> ZygoteProcess:
         """Fork ``target(sock, *args, **kwargs)`` from the zygote; its process handle."""
         # Unpickled in the worker only (after sys.path is set), never in the zygote.
-        blob = cloudpickle.dumps((target, args, kwargs or {}, agent_registrations(self._registry)))
+        blob = by_value.dumps((target, args, kwargs or {}, agent_registrations(self._registry)))
         # multiprocessing's authkey too: proxies of a Manager (a shared Value, Barrier)
         # captured by a factory must connect to it from the worker.
         authkey = bytes(multiprocessing.current_process().authkey)
-        state = (list(sys.path), os.getcwd(), dict(os.environ), authkey, blob)
+        # sys.argv too: envs may read the agent's flags, as in AsyncVectorEnv's workers
+        state = (list(sys.argv), list(sys.path), os.getcwd(), dict(os.environ), authkey, blob)
         pid, (pidfd,) = self._request(("spawn", state), [sock.fileno()])
         return ZygoteProcess(self, pid, pidfd)
 
@@ -447,7 +447,8 @@ def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, 
         agent.close()
         for descriptor in wake_fds:
             os.close(descriptor)
-        sys_path, cwd, environ, authkey, blob = spec
+        argv, sys_path, cwd, environ, authkey, blob = spec
+        sys.argv[:] = argv
         sys.path[:] = sys_path
         os.environ.clear()
         os.environ.update(environ)
@@ -456,7 +457,7 @@ def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, 
             os.chdir(cwd)
         except OSError:
             pass
-        target, args, kwargs, specs = cloudpickle.loads(blob)
+        target, args, kwargs, specs = by_value.loads(blob)
         install(specs)
         target(socket.socket(fileno=worker_fd), *args, **kwargs)
         status = 0

@@ -11,13 +11,13 @@ import abc
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
-import cloudpickle
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from aiovec._transport import by_value
 from aiovec._transport.buffers import Buffers, build_buffers
 from aiovec._transport.protocol import EnvCommand, Reply
 from aiovec._worker.blocks import build_host
@@ -240,12 +240,12 @@ def pickle_factories(
     """The factories as bytes to send to ``destination``, or a FactoryPicklingError
     naming the culprit (``advice``: what else this backend offers, after "or")."""
     try:
-        return cast(bytes, cloudpickle.dumps(env_fns))
+        return by_value.dumps(env_fns)
     except Exception:
         pass
     for env_id, env_fn in env_fns.items():
         try:
-            cloudpickle.dumps(env_fn)
+            by_value.dumps(env_fn)
         except Exception as exc:
             raise FactoryPicklingError(
                 f"the factory of env {env_id} ({env_fn!r}) cannot be pickled to send it to "

@@ -24,13 +24,13 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Union, cast
 
-import cloudpickle
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from aiovec._auto import probe_step_time
 from aiovec._loop import new_event_loop
+from aiovec._transport import by_value
 from aiovec._transport.buffers import build_buffers
 from aiovec._transport.channel import HEADER
 from aiovec._transport.protocol import (
@@ -86,7 +86,7 @@ class EnvActor:
     ) -> None:
         mark_worker_process()
         install(registrations)  # before the factories, which may name those ids
-        env_fns = cloudpickle.loads(factories)
+        env_fns = by_value.loads(factories)
         try:
             self.host, self._descriptions = build_host(
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block

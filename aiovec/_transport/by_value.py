@@ -1,0 +1,70 @@
+"""Code sent to another process by value (env factories, classes of the agent's
+``__main__`` or of a notebook cell), with where it came from.
+
+cloudpickle gives every function it pickles by value the file name ``<dynamic-code>``:
+in a worker, a traceback through such code showed no file and no line, and
+``inspect.getsource`` (which TorchScript needs) failed, although ``AsyncVectorEnv``'s
+workers have both. Here each code object keeps its file name, and the lines of files
+that only this process's ``linecache`` holds (notebook cells) travel along and are
+added to the other process's ``linecache``.
+
+Guarantees: :func:`loads` of :func:`dumps` gives what ``cloudpickle.loads`` of
+``cloudpickle.dumps`` gives, except that code keeps its ``co_filename``; a file the
+other process can read itself (a script) is not sent.
+"""
+
+from __future__ import annotations
+
+import io
+import linecache
+import pickle
+import types
+from typing import Any
+
+import cloudpickle
+
+_RENAMED = "<dynamic-code>"  # what cloudpickle names the file of code it pickles
+
+
+def _code_from(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` as it was in the agent, file name included (in the receiving process)."""
+    return code.replace(co_filename=filename)
+
+
+class _SourcePickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle is untyped
+    """cloudpickle's pickler, keeping each code object's file name (and noting it)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.filenames: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType and obj.co_filename != _RENAMED:
+            self.filenames.add(obj.co_filename)
+            # cloudpickle pickles the renamed copy; the name is put back on arrival
+            return _code_from, (obj.replace(co_filename=_RENAMED), obj.co_filename)
+        return super().reducer_override(obj)
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` pickled as cloudpickle does, with its code's file names and the lines
+    of those files that exist only in this process's ``linecache``."""
+    buffer = io.BytesIO()
+    pickler = _SourcePickler(buffer)
+    pickler.dump(value)
+    lines = {}
+    for filename in pickler.filenames:
+        entry = linecache.cache.get(filename)
+        # (size, mtime, lines, name); no mtime: no file behind it (a notebook cell)
+        if entry is not None and len(entry) == 4 and entry[1] is None:
+            lines[filename] = entry
+    return pickle.dumps((lines, buffer.getvalue()), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> Any:
+    """What :func:`dumps` pickled; the source lines it carried join ``linecache``
+    (where this process has none of its own under that name)."""
+    lines, payload = pickle.loads(data)
+    for filename, entry in lines.items():
+        linecache.cache.setdefault(filename, entry)
+    return cloudpickle.loads(payload)
