@@ -100,6 +100,11 @@ class Results:
 
     # --- first-ready -------------------------------------------------------------------
 
+    def release_buffers(self) -> None:
+        """Drop the result buffers (the vector env is closed: nothing is assembled again),
+        so that their shared memory can be unmapped."""
+        self.__dict__.pop("_buffers", None)
+
     def take_batch(self, limit: int) -> Batch:
         """Take up to ``limit`` ready results, oldest first, as a :class:`Batch`; or
         raise the first failed env's error (the other rows stay queued)."""

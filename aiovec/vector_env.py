@@ -356,25 +356,27 @@ class VecEnv(SplitCalls, VectorEnv):
             fallback = backend_for_async_envs(len(env_fns))
             backend, inline_envs = fallback["backend"], 0
             self._backend = build(backend, num_workers or fallback.get("num_workers"), 0)
-        self.backend = backend
-        #: Worker processes (process backend) or actors (Ray); 0 when envs run here.
-        self.num_workers = self._backend.num_workers
-        #: How many envs this process steps itself.
-        self.inline_envs = {"process": inline_envs, "ray": 0}.get(backend, self.num_envs)
-        # What AsyncVectorEnv code reads back (``envs.env_fns[0]()`` builds an eval env).
-        #: The factories as given (one per env, or per batched env).
-        self.env_fns = env_fns
-        #: Whether observations may travel through shared memory (``False``: by value).
-        self.shared_memory = shared_memory is not False
-        #: The start method asked for (``None``: aiovec's default workers).
-        self.context = context
-        #: As given; workers always die with this process (see the README).
-        self.daemon = daemon
-        self._owner_pid = os.getpid()  # the process that may drive the workers
-        # Env id -> resets of it whose observations an areset has yet to take: a step
-        # or reset sent meanwhile would overwrite them in shared memory.
-        self._resetting: dict[int, int] = {}
+        # From here on the backend is up: an error, or a Ctrl-C landing anywhere before
+        # construction is done, closes it (workers, descriptors, shared memory).
         try:
+            self.backend = backend
+            #: Worker processes (process backend) or actors (Ray); 0 when envs run here.
+            self.num_workers = self._backend.num_workers
+            #: How many envs this process steps itself.
+            self.inline_envs = {"process": inline_envs, "ray": 0}.get(backend, self.num_envs)
+            # What AsyncVectorEnv code reads back (``envs.env_fns[0]()`` builds an eval env).
+            #: The factories as given (one per env, or per batched env).
+            self.env_fns = env_fns
+            #: Whether observations may travel through shared memory (``False``: by value).
+            self.shared_memory = shared_memory is not False
+            #: The start method asked for (``None``: aiovec's default workers).
+            self.context = context
+            #: As given; workers always die with this process (see the README).
+            self.daemon = daemon
+            self._owner_pid = os.getpid()  # the process that may drive the workers
+            # Env id -> resets of it whose observations an areset has yet to take: a step
+            # or reset sent meanwhile would overwrite them in shared memory.
+            self._resetting: dict[int, int] = {}
             if batched:
                 self.autoreset_mode = block_autoreset_mode(
                     self._backend.descriptions, requested_mode
@@ -385,30 +387,30 @@ class VecEnv(SplitCalls, VectorEnv):
             self._buffers = self._backend.attach(
                 self.single_observation_space, self.single_action_space
             )
+            self._scheduler = Scheduler(
+                self._backend,
+                self.num_envs,
+                restart=on_failure == "restart",
+                max_restarts=plan.max_restarts,
+                step_timeout=None if self._backend.enforces_step_timeout else step_timeout,
+            )
+            self.on_failure = on_failure
+            self._check_actions = batch_checker(self.single_action_space)
+            self._results = Results(
+                self._scheduler,
+                self.num_envs,
+                self._buffers,
+                self.single_observation_space,
+                self.autoreset_mode,
+                observations_shared=is_shareable(self.single_observation_space),
+            )
+            #: How many times each env was rebuilt after a failure (``on_failure="restart"``).
+            self.restart_counts = self._results.restart_counts
+            self._needs_reset = self._results.needs_reset  # DISABLED mode: reset before stepping
+            self._steps_in_place = self._backend.completes_inline
         except BaseException:
             self._backend.close(0)
             raise
-        self._scheduler = Scheduler(
-            self._backend,
-            self.num_envs,
-            restart=on_failure == "restart",
-            max_restarts=plan.max_restarts,
-            step_timeout=None if self._backend.enforces_step_timeout else step_timeout,
-        )
-        self.on_failure = on_failure
-        self._check_actions = batch_checker(self.single_action_space)
-        self._results = Results(
-            self._scheduler,
-            self.num_envs,
-            self._buffers,
-            self.single_observation_space,
-            self.autoreset_mode,
-            observations_shared=is_shareable(self.single_observation_space),
-        )
-        #: How many times each env was rebuilt after a failure (``on_failure="restart"``).
-        self.restart_counts = self._results.restart_counts
-        self._needs_reset = self._results.needs_reset  # DISABLED mode: reset before stepping
-        self._steps_in_place = self._backend.completes_inline
         self.closed = False
 
     def _set_spaces(self, descriptions: list[EnvDescription]) -> None:
@@ -977,7 +979,14 @@ class VecEnv(SplitCalls, VectorEnv):
             )
         self._pending = None
         self._scheduler.close()  # tasks still awaiting this env raise ClosedError
-        self._backend.close(self.close_timeout if timeout is None else timeout)
+        try:
+            self._backend.close(self.close_timeout if timeout is None else timeout)
+        finally:
+            # The shared arrays' region is unmapped once nothing refers to them: now, not
+            # when this closed env is collected (zero-copy results a caller kept hold it
+            # until they go).
+            self.__dict__.pop("_buffers", None)
+            self._results.release_buffers()
         self._scheduler.forget_failures()
 
     def close(self, **kwargs: Any) -> None:

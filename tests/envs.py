@@ -157,3 +157,23 @@ class ArrayRewardEnv(CounterEnv):
     def step(self, action):
         observation, reward, terminated, truncated, info = super().step(action)
         return observation, np.array([reward]), terminated, truncated, info
+
+
+class ListInfoEnv(CounterEnv):
+    """A ``CounterEnv`` (env ``env_index``) whose info is a list on its ``at_step``-th
+    step and, with ``in_reset``, from its resets (a ``(observation, info)`` API misread)."""
+
+    def __init__(self, env_index: int = 0, at_step: int = 1, in_reset: bool = False) -> None:
+        super().__init__(env_index)
+        self.at_step, self.in_reset, self.steps_taken = at_step, in_reset, 0
+
+    def reset(self, *, seed=None, options=None):
+        observation, info = super().reset(seed=seed, options=options)
+        return observation, (["not", "a", "dict"] if self.in_reset else info)
+
+    def step(self, action):
+        self.steps_taken += 1
+        observation, reward, terminated, truncated, info = super().step(action)
+        if self.steps_taken == self.at_step:
+            info = ["not", "a", "dict"]
+        return observation, reward, terminated, truncated, info

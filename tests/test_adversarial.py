@@ -499,3 +499,61 @@ def test_recv_cannot_take_the_results_of_a_pending_step_async():
                 await venv.recv(timeout=BOUND)
 
         aiovec.run(main())
+
+
+CTRL_C_DURING_CONSTRUCTION = textwrap.dedent(
+    """
+    import gc, os, random, signal, threading, time
+    import aiovec
+    from tests.envs import CounterEnv
+
+    def descriptors():
+        gc.collect()
+        found = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                pass
+        return found
+
+    def build():
+        return aiovec.VecEnv([CounterEnv] * 4, num_workers=4)
+
+    build().close()  # the zygote and the loop library's set-up: not leaks
+    started = time.monotonic()
+    build().close()
+    duration = time.monotonic() - started
+    before = descriptors()
+    random.seed(SEED)
+    interrupted = 0
+    for _ in range(20):
+        venv = None
+        kill = lambda: os.kill(os.getpid(), signal.SIGINT)
+        timer = threading.Timer(random.uniform(0, duration * 1.2), kill)
+        timer.start()
+        try:
+            venv = build()
+            time.sleep(duration * 1.5)  # the interrupt lands here, if not before
+        except KeyboardInterrupt:
+            interrupted += 1
+        timer.join()
+        if venv is not None:
+            venv.close()
+        del venv
+    deadline = time.monotonic() + 5
+    while (left := set(descriptors().items()) - set(before.items())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print("interrupted", interrupted, "left", sorted(left))
+    """
+)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ctrl_c_anywhere_in_construction_leaves_no_descriptors(seed):
+    """A Ctrl-C landing at any moment of building a vector env leaves no worker's pidfd
+    and no shared-memory descriptor open (they pin the workers' memory)."""
+    result = run_python(CTRL_C_DURING_CONSTRUCTION.replace("SEED", str(seed)), timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "left []" in result.stdout, result.stdout

@@ -747,3 +747,37 @@ def test_call_async_forwards_a_keyword_called_name():
     with aiovec.VecEnv([Greeter] * 2, backend="inline") as venv:
         venv.call_async("greet", name="bob")
         assert venv.call_wait() == ("hello bob", "hello bob")
+
+
+@pytest.mark.parametrize("in_reset", [False, True], ids=["step", "reset"])
+async def test_an_info_that_is_no_dict_is_the_envs_error_and_no_result_is_lost(backend, in_reset):
+    """An env returning its info as a list fails that env (a TypeError naming the env
+    and what it returned), first-ready or not; the other envs' results of the same batch
+    are delivered, and the vector env goes on."""
+    import aiovec
+    from tests.envs import ListInfoEnv
+
+    fns = [partial(ListInfoEnv, i, at_step=1 if i == 1 else 0) for i in range(4)]
+    if in_reset:
+        fns[1] = partial(ListInfoEnv, 1, at_step=0, in_reset=True)
+    async with aiovec.VecEnv(fns, backend=backend) as venv:
+        if in_reset:
+            with pytest.raises(TypeError, match=r"info of type list.*dict") as raised:
+                await venv.areset(seed=0)
+            assert isinstance(raised.value, aiovec.EnvError) and raised.value.env_index == 1
+            return
+        await venv.areset(seed=0)
+        venv.send(np.zeros(4, dtype=np.int64))
+        delivered, failed = [], []
+        while len(delivered) + len(failed) < 4:
+            try:
+                batch = await venv.recv()
+            except aiovec.EnvError as error:
+                assert isinstance(error, TypeError)
+                assert "info of type list" in str(error)
+                failed.append(error.env_index)
+            else:
+                delivered += batch.env_ids.tolist()
+        assert failed == [1] and sorted(delivered) == [0, 2, 3]
+        observations, *_ = await venv.astep(np.zeros(4, dtype=np.int64))
+        assert observations.shape[0] == 4

@@ -13,13 +13,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aiovec"
 
 #: What each layer may import from aiovec (prefixes of module names).
 ALLOWED = {
-    "_transport": ("aiovec._transport", "aiovec.errors"),
+    "_transport": (
+        "aiovec._transport",
+        "aiovec.errors",
+        "aiovec._interrupts",  # deferring Ctrl-C over a section: a leaf
+    ),
     "_worker": (
         "aiovec._worker",
         "aiovec._transport",
         "aiovec.errors",
         "aiovec.async_env",  # the AsyncEnv base class users subclass: a leaf
         "aiovec._loop",  # which event loop to run: a leaf
+        "aiovec._interrupts",
     ),
 }
 
@@ -51,6 +56,6 @@ def test_each_layer_imports_only_what_lies_below_it(layer):
 
 
 def test_the_leaves_the_worker_side_uses_stay_leaves():
-    for leaf in ("errors.py", "async_env.py", "_loop.py"):
+    for leaf in ("errors.py", "async_env.py", "_loop.py", "_interrupts.py"):
         for imported in aiovec_imports(PACKAGE / leaf):
             assert imported == "aiovec.errors", f"aiovec/{leaf} imports {imported}"

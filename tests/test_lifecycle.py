@@ -520,3 +520,30 @@ def test_running_out_of_file_descriptors_says_so(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "error: [Errno 24]" in result.stdout and "ulimit -n" in result.stdout, result.stdout
     assert "then: [1.0, 1.0]" in result.stdout
+
+
+def _shared_mappings() -> int:
+    """How many of this process's mappings are aiovec's shared regions."""
+    with open("/proc/self/maps") as maps:
+        return sum("/memfd:aiovec" in line for line in maps)
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd regions: Linux")
+def test_close_frees_the_shared_memory_while_the_closed_env_lives():
+    """close() unmaps the shared region (it may be hundreds of MB of observations) even
+    though the closed vector env is still referenced; a zero-copy observation kept by
+    the caller keeps its memory valid until it is dropped."""
+    before = _shared_mappings()
+    venv = aiovec.make("CartPole-v1", 4, backend="process", num_workers=2)
+    venv.reset(seed=0)
+    venv.step(np.zeros(4, dtype=np.int64))
+    assert _shared_mappings() > before
+    venv.close()
+    assert _shared_mappings() == before  # venv is alive: only its memory went
+
+    venv = aiovec.make("CartPole-v1", 2, backend="process", copy=False)
+    observations, _ = venv.reset(seed=0)
+    venv.close()
+    assert observations.sum() == observations.sum()  # still readable after close
+    del observations
+    assert _shared_mappings() == before

@@ -29,6 +29,7 @@ import resource
 import socket
 from typing import Final
 
+from aiovec._interrupts import no_interrupt
 from aiovec._transport.channel import HEADER
 
 #: Lines per vector env at most (each is a descriptor in the agent's process, and two
@@ -59,9 +60,10 @@ def open_lines(count: int) -> tuple[list[socket.socket], list[list[int]]]:
         return agent_ends, worker_fds
     try:
         for _ in range(count):
-            sending, receiving = socket.socketpair()
-            agent_ends.append(sending)
-            worker_fds.append([receiving.detach(), sending.fileno()])
+            with no_interrupt():  # a raw descriptor is kept before a Ctrl-C lands
+                sending, receiving = socket.socketpair()
+                agent_ends.append(sending)
+                worker_fds.append([receiving.detach(), sending.fileno()])
     except BaseException as exc:
         for end in agent_ends:
             end.close()

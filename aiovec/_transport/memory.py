@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from aiovec._interrupts import no_interrupt
+
 _ALIGNMENT = 64  # one cache line: rows written by different workers never share one
 
 
@@ -48,12 +50,21 @@ class SharedRegion:
 
     def __init__(self, size: int, fd: int | None = None) -> None:
         size = max(size, 1)
-        if fd is None:
-            fd = _anonymous_fd()
-            os.ftruncate(fd, size)
-        self.fd = fd
+        self.fd = -1  # until the region is whole (see __del__)
+        with no_interrupt():  # a Ctrl-C never lands between the descriptor and its owner
+            created = fd is None
+            if fd is None:
+                fd = _anonymous_fd()
+            try:
+                if created:
+                    os.ftruncate(fd, size)
+                self.buffer = mmap.mmap(fd, size)
+            except BaseException:
+                if created:
+                    os.close(fd)
+                raise
+            self.fd = fd
         self.size = size
-        self.buffer = mmap.mmap(fd, size)
 
     def allocator(self) -> Callable[..., np.ndarray]:
         """An allocator carving arrays from this region, starting at offset 0."""
@@ -71,6 +82,12 @@ class SharedRegion:
             pass
         os.close(self.fd)
         self.fd = -1
+
+    def __del__(self) -> None:
+        # A region dropped unclosed (a Ctrl-C before its owner kept it) keeps no descriptor.
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _anonymous_fd() -> int:

@@ -12,9 +12,10 @@ import asyncio
 import builtins
 import inspect
 import os
+import reprlib
 import threading
 import traceback
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from functools import partial
 from operator import methodcaller
 from time import perf_counter
@@ -229,6 +230,18 @@ def check_env_type(env: Any) -> None:
             f"aiovec.AsyncEnv), nor an object with the env API (it has no "
             f"{', '.join(missing)}); it must be a callable that creates one env"
         )
+
+
+def checked_info(info: Any) -> Any:
+    """``info`` when it is a dict (any mapping), as Gymnasium's API has it; else a
+    ``TypeError`` naming what the env returned (raised as that env's error)."""
+    if type(info) is dict or isinstance(info, Mapping):
+        return info
+    shown = reprlib.repr(info)
+    raise TypeError(
+        f"the env returned an info of type {type(info).__name__} ({shown}): step() and "
+        "reset() must return their info as a dict"
+    )
 
 
 def step_values_error(reward: Any, terminated: Any, truncated: Any, cause: Exception) -> ValueError:
@@ -461,6 +474,7 @@ class EnvHost(HostState):
                 try:
                     result = envs[env_id].step(action)
                     observation, reward, terminated, truncated, info = result
+                    checked_info(info)
                     if same_step and (terminated or truncated):
                         info = self._drive(env_id, self._stepped_flow(env_id, result))
                     else:
@@ -490,6 +504,7 @@ class EnvHost(HostState):
             elif not notices:  # the reset NEXT_STEP autoreset owes, written out too
                 try:
                     observation, info = envs[env_id].reset()
+                    checked_info(info)
                     write_observation(env_id, observation)
                     rewards[env_id] = 0.0
                     terminations[env_id] = truncations[env_id] = False
@@ -547,6 +562,7 @@ class EnvHost(HostState):
             if stepped:
                 result = self.envs[env_id].step(action)
                 observation, reward, terminated, truncated, info = result
+                checked_info(info)
                 if self._same_step and (terminated or truncated):
                     info = self._drive(env_id, self._stepped_flow(env_id, result))
                 else:  # no autoreset to run: no flow to drive
@@ -577,6 +593,7 @@ class EnvHost(HostState):
                 if type(result) is not tuple and inspect.isawaitable(result):
                     result = await result
                 observation, reward, terminated, truncated, info = result
+                checked_info(info)
                 if self._same_step and (terminated or truncated):
                     info = await self._drive_async(env_id, self._stepped_flow(env_id, result))
                 else:  # no autoreset to run: no flow to drive
@@ -682,6 +699,7 @@ class EnvHost(HostState):
     def _reset_flow(self, env_id: int, seed: int | None, options: dict[str, Any] | None) -> Flow:
         self._restart_notices.pop(env_id, None)  # a reset answers for any restart
         observation, info = yield methodcaller("reset", seed=seed, options=options)
+        checked_info(info)
         self._write_observation(env_id, observation)
         self.buffers.terminations[env_id] = False
         self.buffers.truncations[env_id] = False
@@ -713,6 +731,7 @@ class EnvHost(HostState):
 
     def _restarted_flow(self, env_id: int, reason: str) -> Flow:
         observation, info = yield _RESET
+        checked_info(info)
         self._write_results(env_id, observation, 0.0, False, True)
         # NEXT_STEP treats the truncation like any other: the next step resets again.
         self._needs_reset[env_id] = self._next_step
@@ -725,6 +744,7 @@ class EnvHost(HostState):
         if reason is not None:
             return (yield from self._restarted_flow(env_id, reason))
         observation, info = yield _RESET
+        checked_info(info)
         self._write_results(env_id, observation, 0.0, False, False)
         return info
 
@@ -734,7 +754,7 @@ class EnvHost(HostState):
         if self._same_step and (terminated or truncated):
             final = {"final_obs": observation, "final_info": info}
             observation, reset_info = yield _RESET
-            info = {**final, **reset_info}
+            info = {**final, **checked_info(reset_info)}
         self._record_step(env_id, observation, reward, terminated, truncated)
         return info
 

@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
+from aiovec._interrupts import no_interrupt
 from aiovec._transport import by_value
 from aiovec._worker.registrations import agent_registrations, install
 
@@ -156,17 +157,25 @@ class Zygote:
             raise OSError("the zygote's requests and answers fell out of step")
         # The lock is taken inside the guard: the deferred Ctrl-C is raised once it is
         # released, so that a handler of the user's may use the zygote (close a vector env).
-        with _no_interrupt(), self._lock:
-            try:
-                self._sock.settimeout(START_TIMEOUT)
-                _send_frame(self._sock, pickle.dumps(message), fds)
-                answer, received_fds = _receive_frame(self._sock)
-                self._sock.settimeout(None)
-            except BaseException:
-                # An answer may still be on its way: never read it as the next one.
-                # The zygote is kept (its workers live on); a new one serves new workers.
-                self._broken = True
-                raise
+        received_fds: list[int] = []
+        try:
+            with no_interrupt(), self._lock:
+                try:
+                    self._sock.settimeout(START_TIMEOUT)
+                    _send_frame(self._sock, pickle.dumps(message), fds)
+                    answer, received_fds = _receive_frame(self._sock)
+                    self._sock.settimeout(None)
+                except BaseException:
+                    # An answer may still be on its way: never read it as the next one.
+                    # The zygote is kept (its workers live on); a new one serves new workers.
+                    self._broken = True
+                    raise
+        except BaseException:
+            # The deferred Ctrl-C, raised once the answer is in: its descriptors (a new
+            # worker's pidfd) go with it. The worker ends when its agent's socket closes.
+            for descriptor in received_fds:
+                os.close(descriptor)
+            raise
         kind, value = pickle.loads(answer)
         if kind == "error":
             raise RuntimeError(f"the aiovec zygote could not start a worker: {value}")
@@ -216,32 +225,6 @@ _shared_lock = threading.RLock()
 
 #: Seconds the zygote may take to start, or to answer a request.
 START_TIMEOUT = 60.0
-
-
-class _no_interrupt:
-    """Defers Ctrl-C until a request has its answer, so that an interrupt never leaves
-    an answer unread. A SIGINT may be delivered to any thread of the agent (Ray's, a
-    user's), but its handler runs in the main thread: while a request of the main thread
-    waits, the handler in place only notes it; the interrupt is raised again at the end.
-    A request from another thread is never interrupted (nothing is raised there)."""
-
-    def __enter__(self) -> None:
-        self._previous: Any = None
-        self._interrupted = False
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            if callable(previous):  # not SIG_IGN, nor SIG_DFL (which raises nothing)
-                self._previous = previous
-                signal.signal(signal.SIGINT, self._note)
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self._interrupted = True
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            if self._interrupted:  # delivered again, to the handler now in place
-                signal.raise_signal(signal.SIGINT)
 
 
 def shared() -> Zygote:
@@ -330,6 +313,10 @@ class ZygoteProcess:
         if self.sentinel >= 0:
             os.close(self.sentinel)
             self.sentinel = -1
+
+    def __del__(self) -> None:
+        # A handle dropped unclosed (a Ctrl-C before its owner kept it) keeps no pidfd.
+        self.forget()
 
 
 # --- the zygote's side ------------------------------------------------------------------------

@@ -724,6 +724,7 @@ class ProcessBackend(Backend):
         if self._local is not None:
             self._local.close()
             self._local = None
+        self.__dict__.pop("buffers", None)  # see SharedRegion.close: views keep the mapping
         if self._region is not None:
             self._region.close()
             self._region = None
