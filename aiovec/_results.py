@@ -11,7 +11,8 @@ to a backend: it reads the scheduler's queues and the buffers, nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 import gymnasium as gym
@@ -95,10 +96,21 @@ class Results:
         self.restart_counts = np.zeros(num_envs, dtype=np.int64)
         #: Lockstep and reset infos as one dict per env, as each env returned it (for
         #: adapters to libraries whose infos are per env, like Stable-Baselines3's:
-        #: Gymnasium's batched layout would convert values to the first env's type).
+        #: Gymnasium's batched layout would convert values to the first env's type);
+        #: set only for the adapter's own calls (see :meth:`per_env_infos`).
         self.infos_per_env = False
 
     # --- first-ready -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def per_env_infos(self) -> Iterator[None]:
+        """Infos as one dict per env for the calls made inside (an adapter's), and
+        Gymnasium's batched infos again after, for everyone else using the vector env."""
+        self.infos_per_env = True
+        try:
+            yield
+        finally:
+            self.infos_per_env = False
 
     def release_buffers(self) -> None:
         """Drop the result buffers (the vector env is closed: nothing is assembled again),

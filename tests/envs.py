@@ -177,3 +177,16 @@ class ListInfoEnv(CounterEnv):
         if self.steps_taken == self.at_step:
             info = ["not", "a", "dict"]
         return observation, reward, terminated, truncated, info
+
+
+class DictActionEnv(CounterEnv):
+    """A ``CounterEnv`` with a Dict action space; each step's info holds the action's
+    keys as the env received them."""
+
+    def __init__(self, env_index: int = 0) -> None:
+        super().__init__(env_index)
+        self.action_space = spaces.Dict({"move": spaces.Discrete(3)})
+
+    def step(self, action):
+        observation, reward, terminated, truncated, _ = super().step(0)
+        return observation, reward, terminated, truncated, {"keys": sorted(action)}

@@ -531,8 +531,8 @@ CTRL_C_DURING_CONSTRUCTION = textwrap.dedent(
         venv = None
         kill = lambda: os.kill(os.getpid(), signal.SIGINT)
         timer = threading.Timer(random.uniform(0, duration * 1.2), kill)
-        timer.start()
         try:
+            timer.start()  # it may fire before start() returns
             venv = build()
             time.sleep(duration * 1.5)  # the interrupt lands here, if not before
         except KeyboardInterrupt:
@@ -542,8 +542,10 @@ CTRL_C_DURING_CONSTRUCTION = textwrap.dedent(
             venv.close()
         del venv
     deadline = time.monotonic() + 5
-    while (left := set(descriptors().items()) - set(before.items())) and time.monotonic() < deadline:
+    left = set(descriptors().items()) - set(before.items())
+    while left and time.monotonic() < deadline:
         time.sleep(0.1)
+        left = set(descriptors().items()) - set(before.items())
     print("interrupted", interrupted, "left", sorted(left))
     """
 )

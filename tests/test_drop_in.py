@@ -781,3 +781,18 @@ async def test_an_info_that_is_no_dict_is_the_envs_error_and_no_result_is_lost(b
         assert failed == [1] and sorted(delivered) == [0, 2, 3]
         observations, *_ = await venv.astep(np.zeros(4, dtype=np.int64))
         assert observations.shape[0] == 4
+
+
+def test_a_dict_action_with_extra_keys_reaches_the_env_with_its_spaces_keys(backend):
+    """As Gymnasium's vector envs do, keys a Dict action space does not have (a
+    policy's extra outputs) are left out; a missing key is still refused."""
+    import aiovec
+    from tests.envs import DictActionEnv
+
+    with aiovec.VecEnv([partial(DictActionEnv, i) for i in range(2)], backend=backend) as venv:
+        venv.reset(seed=0)
+        actions = {"move": np.array([0, 2]), "logits": np.zeros((2, 3))}
+        infos = venv.step(actions)[4]
+        assert infos["keys"].tolist() == [["move"], ["move"]]
+        with pytest.raises(ValueError, match=r"move"):
+            venv.step({"logits": np.zeros((2, 3))})

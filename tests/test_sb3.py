@@ -272,3 +272,20 @@ def test_infos_reach_sb3_as_each_env_returned_them(backend):
     # An env given no options gets None, as from SubprocVecEnv (not {}).
     assert [options[-1] for options in env.get_attr("options")] == [{"level": 3}, None]
     env.close()
+
+
+def test_the_wrapped_vector_env_keeps_gymnasiums_infos():
+    """SB3VecEnv takes its per-env infos without changing what the aiovec env itself
+    returns: Gymnasium wrappers and loops on the same env still get dict infos."""
+    venv = aiovec.make("CartPole-v1", 2, backend="inline", autoreset_mode="SameStep")
+    sb3_env = SB3VecEnv(venv)
+    sb3_env.reset()
+    _, _, _, sb3_infos = sb3_env.step(np.array([0, 1]))
+    assert isinstance(sb3_infos, list)
+    _, infos = venv.reset(seed=0)
+    assert isinstance(infos, dict)
+    assert isinstance(venv.step(np.array([0, 1]))[4], dict)
+    stats = gym.wrappers.vector.RecordEpisodeStatistics(venv)
+    stats.reset(seed=0)
+    stats.step(np.array([0, 1]))
+    sb3_env.close()

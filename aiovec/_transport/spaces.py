@@ -516,9 +516,11 @@ def _dict_checker(space: spaces.Dict, path: str = "actions") -> Callable[[Any, i
             raise TypeError(
                 f"{path}: expected a dict with keys {sorted(checkers)}, got {_preview(batch)}"
             )
-        if batch.keys() != checkers.keys():
+        if not checkers.keys() <= batch.keys():  # extra keys are left out, as in Gymnasium
+            missing = sorted(checkers.keys() - batch.keys())
             raise ValueError(
-                f"{path}: expected a dict with keys {sorted(checkers)}, got {sorted(batch)}"
+                f"{path}: expected a dict with keys {sorted(checkers)}, got {sorted(batch)} "
+                f"(missing {missing})"
             )
         checked, exact = {}, True
         for key, check_item in checkers.items():

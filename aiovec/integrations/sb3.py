@@ -58,16 +58,14 @@ class SB3VecEnv(VecEnv):
                 "aiovec.integrations.sb3.make_sb3_vec_env()"
             )
         self.venv = venv
-        # Infos as each env returned them, as SubprocVecEnv passes them on: Gymnasium's
-        # batched layout would convert one env's values to another's type (0.75 -> 0).
-        venv._results.infos_per_env = True
         super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
 
     def reset(self) -> Any:
         seeds = None if all(seed is None for seed in self._seeds) else list(self._seeds)
         # An env without options gets none (None), as from SubprocVecEnv, not {}.
         options = [option or None for option in self._options] if any(self._options) else None
-        observations, infos = self.venv.reset(seed=seeds, options=options)
+        with self._per_env_infos():
+            observations, infos = self.venv.reset(seed=seeds, options=options)
         self.reset_infos = [dict(info) for info in cast("list[dict[str, Any]]", infos)]
         self._reset_seeds()
         self._reset_options()
@@ -95,9 +93,10 @@ class SB3VecEnv(VecEnv):
             return actions  # not one action per env (a tuple of batches): aiovec checks it
 
     def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
-        observations, rewards, terminations, truncations, infos = self.venv.step_wait()
+        with self._per_env_infos():
+            observations, rewards, terminations, truncations, infos = self.venv.step_wait()
         dones = terminations | truncations
-        # Per env already (see __init__), whatever VecEnv's signature says.
+        # Per env already (see _per_env_infos), whatever VecEnv's signature says.
         per_env = [dict(info) for info in cast("list[dict[str, Any]]", infos)]
         for index in range(self.num_envs):
             info = per_env[index]
@@ -109,6 +108,12 @@ class SB3VecEnv(VecEnv):
                 info["terminal_observation"] = final_observation
             info["TimeLimit.truncated"] = bool(truncations[index] and not terminations[index])
         return observations, rewards.astype(np.float32), dones, per_env
+
+    def _per_env_infos(self) -> Any:
+        """Infos as each env returned them, as SubprocVecEnv passes them on (Gymnasium's
+        batched layout would convert one env's values to another's type: 0.75 -> 0),
+        for this adapter's calls only: the aiovec env itself keeps Gymnasium's infos."""
+        return self.venv._results.per_env_infos()
 
     def close(self) -> None:
         self.venv.close()
