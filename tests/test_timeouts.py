@@ -295,3 +295,27 @@ async def test_steps_queued_while_a_worker_finds_its_envs_wait_are_not_late():
 def _one_worker(env_fns, **options) -> aiovec.VecEnv:
     """``env_fns`` in one worker process, with a step_timeout of 0.5 s."""
     return aiovec.VecEnv(env_fns, num_workers=1, step_timeout=0.5, close_timeout=1, **options)
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_after_a_restart_a_timeout_still_names_only_the_hung_env(mode):
+    """Env 3 of one worker hangs on the first step of each build. Each restart rebuilds
+    the worker's four envs; the steps that follow (restart notices, NEXT_STEP's owed
+    resets) are no steps of the env and say nothing of how long its next one takes: the
+    healthy envs' results are sent before env 3 steps again, and the timeout that ends
+    the restart budget names env 3 alone, after one step_timeout."""
+    env_fns = [partial(FaultyEnv, i, "hang", 1 if i == 3 else 10**9) for i in range(4)]
+    with _one_worker(
+        env_fns,
+        concurrent_envs=False,
+        on_failure="restart",
+        max_restarts=2,
+        autoreset_mode=mode,
+    ) as venv:
+        venv.reset(seed=0)
+        blamed = []
+        with pytest.raises(aiovec.StepTimeoutError) as caught:
+            for _ in range(12):
+                venv.step(np.zeros(4, dtype=np.int64))
+        blamed.append(caught.value.timed_out)
+    assert blamed == [[3]]

@@ -455,7 +455,10 @@ def _stream_step(
     """Step env by env, sending what is done before an env expected to be slow starts
     (and whenever STREAM_INTERVAL has passed), so the agent can re-use fast envs while
     slow ones of the same worker still run. ``step_times`` holds each env's recent step
-    time (an exponential average); an env not timed yet counts as slow."""
+    time (an exponential average) over real steps only: a restart notice or the reset
+    NEXT_STEP owes says nothing of the env's next step (a rebuilt env that hangs again
+    would have seemed fast, and the results before it gone unsent); an env not timed yet
+    counts as slow."""
     done: list[StepOutcome] = []
     last_flush = time.perf_counter()
     for position, env_id in enumerate(command.env_ids):
@@ -463,9 +466,14 @@ def _stream_step(
             send(encode_reply(host.step_reply(command.seq, done), host.group))
             done, last_flush = [], time.perf_counter()
         started = time.perf_counter()
-        done.append(host.step(env_id, host.action_of(command, position)))
+        outcome = host.step(env_id, host.action_of(command, position))
+        done.append(outcome)
         now = time.perf_counter()
-        step_times[env_id] = 0.8 * step_times.get(env_id, now - started) + 0.2 * (now - started)
+        if outcome.progressed and outcome.error is None:
+            took = now - started
+            step_times[env_id] = 0.8 * step_times.get(env_id, took) + 0.2 * took
+        else:  # not a step of the env as it is now: its next one is unknown again
+            step_times.pop(env_id, None)
         if now - last_flush >= STREAM_INTERVAL:
             send(encode_reply(host.step_reply(command.seq, done), host.group))
             done, last_flush = [], now
