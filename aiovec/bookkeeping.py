@@ -29,11 +29,6 @@ from aiovec._episode_marks import autoreset_mode_of, check_autoreset_mode, info_
 from aiovec.vector_env import Batch
 
 
-def _for_env(cls: Any, env: Any) -> Any:
-    """``cls`` built for ``env``'s number of envs and autoreset mode."""
-    return cls(env.num_envs, autoreset_mode_of(env) or AutoresetMode.NEXT_STEP)
-
-
 class Episode(NamedTuple):
     """One finished episode of env ``env_id``."""
 
@@ -69,7 +64,7 @@ class EpisodeStatistics:
     def for_env(cls, env: Any) -> EpisodeStatistics:
         """Statistics for ``env`` (an ``aiovec.VecEnv`` or any Gymnasium vector env): its
         number of envs and autoreset mode."""
-        return _for_env(cls, env)  # type: ignore[no-any-return]
+        return cls(env.num_envs, autoreset_mode_of(env) or AutoresetMode.NEXT_STEP)
 
     def reset(self, env_ids: Sequence[int] | None = None) -> None:
         """Start new episodes for ``env_ids`` (default: all), e.g. after ``reset()``."""
@@ -191,7 +186,7 @@ class TransitionAssembler:
     def for_env(cls, env: Any) -> TransitionAssembler:
         """An assembler for ``env`` (an ``aiovec.VecEnv`` or any Gymnasium vector env):
         its number of envs and autoreset mode."""
-        return _for_env(cls, env)  # type: ignore[no-any-return]
+        return cls(env.num_envs, autoreset_mode_of(env) or AutoresetMode.NEXT_STEP)
 
     def reset(self, observations: Any, env_ids: Sequence[int] | None = None) -> None:
         """Record reset observations (a batch, in the order of ``env_ids``, default all)."""

@@ -85,8 +85,11 @@ class SharedRegion:
 
     def __del__(self) -> None:
         # A region dropped unclosed (a Ctrl-C before its owner kept it) keeps no descriptor.
-        if self.fd >= 0:
-            os.close(self.fd)
+        if getattr(self, "fd", -1) >= 0:
+            try:
+                os.close(self.fd)
+            except Exception:  # at interpreter exit, after os is torn down: the OS closes it
+                pass
             self.fd = -1
 
 

@@ -316,7 +316,10 @@ class ZygoteProcess:
 
     def __del__(self) -> None:
         # A handle dropped unclosed (a Ctrl-C before its owner kept it) keeps no pidfd.
-        self.forget()
+        try:
+            self.forget()
+        except Exception:  # at interpreter exit, after os is torn down: the OS closes it
+            pass
 
 
 # --- the zygote's side ------------------------------------------------------------------------
