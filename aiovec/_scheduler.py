@@ -550,7 +550,7 @@ class Scheduler:
         elif exit.error is not None:  # e.g. its envs' factory raised while rebuilding
             crash = exit.error
         else:
-            crash = WorkerCrashedError(worker, group, exit.exitcode, exit.hint)
+            crash = WorkerCrashedError(worker, group, exit.exitcode, exit.hint, exit.running)
         in_flight = sorted(
             (seq, ticket) for seq, ticket in self._tickets.items() if ticket.worker == worker
         )

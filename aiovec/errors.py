@@ -155,23 +155,41 @@ class WorkerCrashedError(AiovecError):
         worker_index: which worker died.
         env_ids: the envs it hosted; their in-flight results are lost.
         exitcode: the process exit code, negative for a signal (``-9`` is SIGKILL).
+        running_env_ids: the envs whose code was running when it died (the one that
+            crashed it, or several stepped in threads); empty where unknown.
     """
 
     def __init__(
-        self, worker_index: int, env_ids: Sequence[int], exitcode: int | None, hint: str = ""
+        self,
+        worker_index: int,
+        env_ids: Sequence[int],
+        exitcode: int | None,
+        hint: str = "",
+        running_env_ids: Sequence[int] = (),
     ) -> None:
         # int | None: a StepTimeoutError of async envs has no worker to name
         self.worker_index: int | None = worker_index
         self.env_ids = list(env_ids)
         self.exitcode = exitcode
+        self.running_env_ids = list(running_env_ids)
         cause = _describe_exit(exitcode)
         text = f"worker {worker_index} hosting envs {self.env_ids} died ({cause})"
+        running = self.running_env_ids
+        if running:
+            text += (
+                f" while env {running[0]} was running"
+                if len(running) == 1
+                else (f" while envs {running} were running")
+            )
         if hint:
             text += f"; {hint}"
         super().__init__(text)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.worker_index, self.env_ids, self.exitcode))
+        return (
+            type(self),
+            (self.worker_index, self.env_ids, self.exitcode, "", self.running_env_ids),
+        )
 
 
 def _describe_exit(exitcode: int | None) -> str:

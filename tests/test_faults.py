@@ -780,3 +780,49 @@ def test_close_while_a_worker_is_rebuilt_is_a_normal_close_for_it(tmp_path):
                 os.kill(int(path.stem), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.parametrize("fault", list(CRASHES))
+@pytest.mark.parametrize("call", ["step", "reset", "call"])
+def test_a_crash_names_the_env_that_was_running(fault, call):
+    """A worker hosting four envs dies in env 2's step, reset or call: the error names
+    env 2 as the one running (``running_env_ids``), not only the worker's group."""
+
+    class CrashesInCalls(FaultyEnv):
+        def reset(self, *, seed=None, options=None):
+            if self.env_index == 2 and call == "reset" and options == {"crash": True}:
+                self._fail()
+            return super().reset(seed=seed, options=options)
+
+        def crash(self):
+            if self.env_index == 2:
+                self._fail()
+
+    env_fns = [
+        partial(CrashesInCalls, i, fault, 2 if (i == 2 and call == "step") else 10**9)
+        for i in range(4)
+    ]
+    with aiovec.VecEnv(env_fns, num_workers=1, concurrent_envs=False) as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros(4, dtype=np.int64))
+        with pytest.raises(aiovec.WorkerCrashedError, match=CRASHES[fault]) as caught:
+            if call == "step":
+                venv.step(np.zeros(4, dtype=np.int64))
+            elif call == "reset":
+                venv.reset(options={"crash": True})
+            else:
+                venv.call("crash")
+    assert caught.value.env_ids == [0, 1, 2, 3]
+    assert caught.value.running_env_ids == [2]
+    assert "while env 2 was running" in str(caught.value)
+
+
+def test_a_crash_of_a_worker_stepping_its_envs_in_threads_names_the_env_among_those_running():
+    env_fns = [partial(FaultyEnv, i, "exit", 2 if i == 2 else 10**9) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=1, concurrent_envs=True) as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros(4, dtype=np.int64))
+        with pytest.raises(aiovec.WorkerCrashedError, match="exit code 7") as caught:
+            venv.step(np.zeros(4, dtype=np.int64))
+    assert 2 in caught.value.running_env_ids
+    assert set(caught.value.running_env_ids) <= {0, 1, 2, 3}

@@ -26,6 +26,9 @@ class Buffers:
     rewards: np.ndarray
     terminations: np.ndarray
     truncations: np.ndarray
+    #: 1 while the worker hosting the env is inside one of its calls: after the worker
+    #: died (a segfault, ``os._exit``), the agent reads which env was running.
+    running: np.ndarray
 
 
 def build_buffers(
@@ -43,6 +46,7 @@ def build_buffers(
         rewards=allocator((num_envs,), np.float64),
         terminations=allocator((num_envs,), np.bool_),
         truncations=allocator((num_envs,), np.bool_),
+        running=allocator((num_envs,), np.uint8),
     )
 
 

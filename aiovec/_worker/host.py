@@ -411,12 +411,16 @@ class EnvHost(HostState):
             return self.step_all(command)
         results: list[Any] = [None] * len(command.env_ids)
         errors: list[ErrorInfo] = []
+        running = self.buffers.running
         for position, env_id in enumerate(command.env_ids):
             operation, flow = self._flow(command, position)
+            running[env_id] = 1
             try:
                 results[position] = self._drive(env_id, flow)
             except env_errors() as exc:
                 errors.append(error_info(env_id, operation, exc))
+            finally:
+                running[env_id] = 0
         return self.control_reply(command, results, errors)
 
     async def execute_async(self, command: EnvCommand) -> Reply:
@@ -431,12 +435,16 @@ class EnvHost(HostState):
     async def _execute_async(self, command: EnvCommand) -> Reply:
         results: list[Any] = [None] * len(command.env_ids)
         errors: list[ErrorInfo] = []
+        running = self.buffers.running
         for position, env_id in enumerate(command.env_ids):
             operation, flow = self._flow(command, position)
+            running[env_id] = 1
             try:
                 results[position] = await self._drive_async(env_id, flow)
             except env_errors() as exc:
                 errors.append(error_info(env_id, operation, exc))
+            finally:
+                running[env_id] = 0
         return self.control_reply(command, results, errors)
 
     def step_all(self, command: Step) -> Reply:
@@ -469,57 +477,70 @@ class EnvHost(HostState):
         infos: list[Any] = []
         errors: list[ErrorInfo] = []
         progressed = False
-        for env_id, action in zip(env_ids, actions):
-            if not notices and not (next_step and needs_reset[env_id]):
-                try:
-                    result = envs[env_id].step(action)
-                    observation, reward, terminated, truncated, info = result
-                    checked_info(info)
-                    if same_step and (terminated or truncated):
-                        info = self._drive(env_id, self._stepped_flow(env_id, result))
-                    else:
-                        if (
-                            type(observation) is np.ndarray
-                            and observation.shape == row_shape
-                            and observation.dtype == row_dtype
-                        ):
-                            observation_buffer[env_id] = observation
+        # Which env the worker is inside, for the agent should it die there: set as each
+        # env starts, cleared as the next one does (a `continue` ends most turns).
+        running = buffers.running
+        previous = -1
+        try:
+            for env_id, action in zip(env_ids, actions):
+                if previous >= 0:
+                    running[previous] = 0
+                running[env_id] = 1
+                previous = env_id
+                if not notices and not (next_step and needs_reset[env_id]):
+                    try:
+                        result = envs[env_id].step(action)
+                        observation, reward, terminated, truncated, info = result
+                        checked_info(info)
+                        if same_step and (terminated or truncated):
+                            info = self._drive(env_id, self._stepped_flow(env_id, result))
                         else:
-                            write_observation(env_id, observation)
-                        try:
-                            rewards[env_id] = reward
-                            terminations[env_id] = terminated
-                            truncations[env_id] = truncated
-                        except (ValueError, TypeError) as exc:
-                            raise step_values_error(reward, terminated, truncated, exc) from None
-                        needs_reset[env_id] = bool(terminated or truncated)
-                        if failures[env_id]:
-                            failures[env_id] = 0
-                except call_errors() as exc:
-                    outcome = self._recover(env_id, as_env_error(exc))
+                            if (
+                                type(observation) is np.ndarray
+                                and observation.shape == row_shape
+                                and observation.dtype == row_dtype
+                            ):
+                                observation_buffer[env_id] = observation
+                            else:
+                                write_observation(env_id, observation)
+                            try:
+                                rewards[env_id] = reward
+                                terminations[env_id] = terminated
+                                truncations[env_id] = truncated
+                            except (ValueError, TypeError) as exc:
+                                error = step_values_error(reward, terminated, truncated, exc)
+                                raise error from None
+                            needs_reset[env_id] = bool(terminated or truncated)
+                            if failures[env_id]:
+                                failures[env_id] = 0
+                    except call_errors() as exc:
+                        outcome = self._recover(env_id, as_env_error(exc))
+                    else:
+                        infos.append(info)
+                        progressed = True
+                        continue
+                elif not notices:  # the reset NEXT_STEP autoreset owes, written out too
+                    try:
+                        observation, info = envs[env_id].reset()
+                        checked_info(info)
+                        write_observation(env_id, observation)
+                        rewards[env_id] = 0.0
+                        terminations[env_id] = truncations[env_id] = False
+                        needs_reset[env_id] = False
+                    except call_errors() as exc:
+                        outcome = self._recover(env_id, as_env_error(exc))
+                    else:
+                        infos.append(info)
+                        continue
                 else:
-                    infos.append(info)
-                    progressed = True
-                    continue
-            elif not notices:  # the reset NEXT_STEP autoreset owes, written out too
-                try:
-                    observation, info = envs[env_id].reset()
-                    checked_info(info)
-                    write_observation(env_id, observation)
-                    rewards[env_id] = 0.0
-                    terminations[env_id] = truncations[env_id] = False
-                    needs_reset[env_id] = False
-                except call_errors() as exc:
-                    outcome = self._recover(env_id, as_env_error(exc))
-                else:
-                    infos.append(info)
-                    continue
-            else:
-                outcome = self._step(env_id, action)  # untimed: execute times the command
-            infos.append(outcome.info)
-            if outcome.error is not None:
-                errors.append(outcome.error)
-            progressed = progressed or outcome.progressed
+                    outcome = self._step(env_id, action)  # untimed: execute times the command
+                infos.append(outcome.info)
+                if outcome.error is not None:
+                    errors.append(outcome.error)
+                progressed = progressed or outcome.progressed
+        finally:
+            if previous >= 0:
+                running[previous] = 0
         return Reply(
             seq=command.seq,
             env_ids=env_ids,
@@ -552,7 +573,12 @@ class EnvHost(HostState):
         """Step env ``env_id``: its info, or the error it raised (after the restart
         policy had its say)."""
         started = perf_counter()
-        outcome = self._step(env_id, action)
+        running = self.buffers.running
+        running[env_id] = 1
+        try:
+            outcome = self._step(env_id, action)
+        finally:
+            running[env_id] = 0
         self.add_busy(perf_counter() - started)
         return outcome
 
@@ -577,7 +603,12 @@ class EnvHost(HostState):
         """:meth:`step` for envs whose ``step`` may return an awaitable (or, with
         :attr:`threads`, blocking envs stepped in a thread): thousands per loop."""
         started = perf_counter()
-        outcome = await self._step_async(env_id, action)
+        running = self.buffers.running
+        running[env_id] = 1
+        try:
+            outcome = await self._step_async(env_id, action)
+        finally:
+            running[env_id] = 0
         self.add_busy(perf_counter() - started)
         return outcome
 

@@ -56,6 +56,8 @@ class WorkerExit(NamedTuple):
     hint: str = ""
     #: What to report instead of a crash (the worker's envs could not be rebuilt).
     error: Exception | None = None
+    #: The envs the worker was inside a call of when it died, where known.
+    running: tuple[int, ...] = ()
 
 
 class WorkerGone(Exception):

@@ -642,7 +642,13 @@ class ProcessBackend(Backend):
         process.join(1.0)
         hint = STARTUP_HINT if self._starting.pop(worker, None) is not None else ""
         error = self._start_errors.pop(worker, None)
-        self._inbox.append((worker, WorkerExit(process.exitcode, hint, error)))
+        running: tuple[int, ...] = ()
+        buffers = getattr(self, "buffers", None)
+        if buffers is not None:  # which env the worker was in when it died
+            group = self.groups[worker]
+            running = tuple(env_id for env_id in group if buffers.running[env_id])
+            buffers.running[group] = 0  # a replacement starts with none running
+        self._inbox.append((worker, WorkerExit(process.exitcode, hint, error, running)))
         self._wakeup.wake()
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
