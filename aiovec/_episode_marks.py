@@ -35,16 +35,23 @@ def info_mask(infos: Any, key: str, count: int) -> np.ndarray:
 
 
 def check_autoreset_mode(
-    mode: AutoresetMode, infos: Any, ended: np.ndarray, restarted: np.ndarray, reader: str
+    mode: AutoresetMode,
+    infos: Any,
+    ended: np.ndarray,
+    restarted: np.ndarray,
+    after_end: np.ndarray,
+    reader: str,
 ) -> None:
     """Raise unless a batch with these ``infos`` and end flags (``ended``: terminated or
-    truncated, per row; ``restarted``: rows a rebuilt env answered) can come from a vector
+    truncated, per row; ``restarted``: rows a rebuilt env answered; ``after_end``: rows
+    of envs whose episode ended, with no reset recorded since) can come from a vector
     env autoresetting in ``mode``.
 
     Raises:
-        ValueError: the batch carries ``final_obs`` and ``mode`` is not ``SAME_STEP``, or
-            ``mode`` is ``SAME_STEP`` and an episode ended without it. Names both modes
-            and the fix (``reader.for_env(envs)``).
+        ValueError: the batch carries ``final_obs`` and ``mode`` is not ``SAME_STEP``;
+            ``mode`` is ``SAME_STEP`` and an episode ended without it; or ``mode`` is
+            ``DISABLED`` and an env answered after its episode ended without a reset.
+            Names both modes and the fix (``reader.for_env(envs)``).
     """
     if isinstance(infos, dict) and "_final_obs" in infos:
         has_final = np.asarray(infos["_final_obs"], dtype=np.bool_)
@@ -54,6 +61,14 @@ def check_autoreset_mode(
         found = AutoresetMode.SAME_STEP
     elif mode is AutoresetMode.SAME_STEP and (ended & ~restarted & ~has_final).any():
         found = AutoresetMode.NEXT_STEP  # or DISABLED: neither gives final_obs
+    elif mode is AutoresetMode.DISABLED and (after_end & ~restarted).any():
+        # a DISABLED env steps again only after a reset, which the reader records
+        raise ValueError(
+            f"this {reader} was built for autoreset_mode=DISABLED, but an env answered "
+            "after its episode ended with no reset recorded: the vector env autoresets "
+            f"(NEXT_STEP or SAME_STEP): build it with {reader}.for_env(envs); with DISABLED, "
+            f"give {reader}.reset(...) the envs you reset"
+        )
     else:
         return
     raise ValueError(

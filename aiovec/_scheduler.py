@@ -493,9 +493,13 @@ class Scheduler:
     def _kill_late_workers(self, now: float) -> None:
         for ticket, kill_at in list(self._kill_times()):
             if kill_at <= now and ticket.worker not in self._timed_out:
-                # Only the envs still owing their result: the others already answered.
+                # Only the envs still owing their result: the others already answered;
+                # of those, the ones the worker is inside, where it says (envs queued
+                # behind a hung one in a worker stepping in turn never started).
                 answered = ticket.answered or ()
-                self._timed_out[ticket.worker] = [e for e in ticket.env_ids if e not in answered]
+                owing = [e for e in ticket.env_ids if e not in answered]
+                running = set(self.backend.running_envs(ticket.worker))
+                self._timed_out[ticket.worker] = [e for e in owing if e in running] or owing
                 self.backend.kill(ticket.worker)
 
     def dispatch(self, messages: list[WorkerEvent], pump: bool = False) -> None:

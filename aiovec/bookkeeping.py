@@ -85,7 +85,14 @@ class EpisodeStatistics:
         finished = []
         ends = np.asarray(batch.terminations | batch.truncations, dtype=np.bool_)
         restarted = info_mask(batch.infos, "restarted", len(ends))
-        check_autoreset_mode(self.autoreset_mode, batch.infos, ends, restarted, type(self).__name__)
+        check_autoreset_mode(
+            self.autoreset_mode,
+            batch.infos,
+            ends,
+            restarted,
+            self._after_end[batch.env_ids],
+            type(self).__name__,
+        )
         for row, env_id in enumerate(batch.env_ids.tolist()):
             if restarted[row]:
                 # A rebuilt env's answer (on_failure="restart"), maybe in place of the
@@ -216,7 +223,10 @@ class TransitionAssembler:
         env_ids = batch.env_ids.tolist()
         ends = np.asarray(batch.terminations | batch.truncations, dtype=np.bool_)
         restarted = info_mask(batch.infos, "restarted", len(env_ids))
-        check_autoreset_mode(self.autoreset_mode, batch.infos, ends, restarted, type(self).__name__)
+        after_end = np.array([self._after_end[env_id] for env_id in env_ids], dtype=np.bool_)
+        check_autoreset_mode(
+            self.autoreset_mode, batch.infos, ends, restarted, after_end, type(self).__name__
+        )
         next_step = self.autoreset_mode is AutoresetMode.NEXT_STEP
         unsent = [
             env_id

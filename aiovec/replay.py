@@ -218,7 +218,12 @@ class ReplayBuffer:
         # A rebuilt env (on_failure="restart") answers with its new first observation.
         restarted = info_mask(infos, "restarted", len(env_ids))
         check_autoreset_mode(
-            self.autoreset_mode, infos, terminations | truncations, restarted, type(self).__name__
+            self.autoreset_mode,
+            infos,
+            terminations | truncations,
+            restarted,
+            self._after_end[env_ids],
+            type(self).__name__,
         )
         makes_transition &= ~restarted
         rows = np.flatnonzero(makes_transition)

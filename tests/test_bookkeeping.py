@@ -467,6 +467,7 @@ def test_a_restart_in_place_of_the_autoreset_is_no_step(mode):
         (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP),
         (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP),
         (AutoresetMode.DISABLED, AutoresetMode.SAME_STEP),
+        (AutoresetMode.DISABLED, AutoresetMode.NEXT_STEP),
     ],
     ids=lambda m: m.value,
 )

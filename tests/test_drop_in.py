@@ -796,3 +796,23 @@ def test_a_dict_action_with_extra_keys_reaches_the_env_with_its_spaces_keys(back
         assert infos["keys"].tolist() == [["move"], ["move"]]
         with pytest.raises(ValueError, match=r"move"):
             venv.step({"logits": np.zeros((2, 3))})
+
+
+@pytest.mark.parametrize("argv", ["del sys.argv", "sys.argv = None"])
+def test_an_agent_without_argv_still_starts_workers(tmp_path, argv):
+    """An embedded interpreter may have no ``sys.argv``: workers start all the same."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        {argv}
+        import numpy as np
+        import aiovec
+        from tests.envs import CounterEnv
+        with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+            venv.reset(seed=0)
+            print("stepped", venv.step(np.zeros(2, dtype=np.int64))[1].tolist())
+        """
+    )
+    result = _run(["-c", script], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "stepped [1.0, 1.0]" in result.stdout

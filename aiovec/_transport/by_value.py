@@ -47,8 +47,9 @@ class _SourcePickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle 
 
 
 def dumps(value: Any) -> bytes:
-    """``value`` pickled as cloudpickle does, with its code's file names and the lines
-    of those files that exist only in this process's ``linecache``."""
+    """``value`` pickled as cloudpickle does, with its code's file names, followed (in
+    the same bytes: no second copy of a large payload) by the lines of those files that
+    exist only in this process's ``linecache``."""
     buffer = io.BytesIO()
     pickler = _SourcePickler(buffer)
     pickler.dump(value)
@@ -58,13 +59,15 @@ def dumps(value: Any) -> bytes:
         # (size, mtime, lines, name); no mtime: no file behind it (a notebook cell)
         if entry is not None and len(entry) == 4 and entry[1] is None:
             lines[filename] = entry
-    return pickle.dumps((lines, buffer.getvalue()), protocol=pickle.HIGHEST_PROTOCOL)
+    pickle.dump(lines, buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    return buffer.getvalue()
 
 
 def loads(data: bytes) -> Any:
     """What :func:`dumps` pickled; the source lines it carried join ``linecache``
     (where this process has none of its own under that name)."""
-    lines, payload = pickle.loads(data)
-    for filename, entry in lines.items():
+    stream = io.BytesIO(data)
+    value = cloudpickle.load(stream)
+    for filename, entry in pickle.load(stream).items():
         linecache.cache.setdefault(filename, entry)
-    return cloudpickle.loads(payload)
+    return value

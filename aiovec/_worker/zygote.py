@@ -195,7 +195,10 @@ class Zygote:
         # captured by a factory must connect to it from the worker.
         authkey = bytes(multiprocessing.current_process().authkey)
         # sys.argv too: envs may read the agent's flags, as in AsyncVectorEnv's workers
-        state = (list(sys.argv), list(sys.path), os.getcwd(), dict(os.environ), authkey, blob)
+        # (an embedded interpreter may have none: the worker then keeps its own)
+        argv = getattr(sys, "argv", None)
+        argv = list(argv) if isinstance(argv, (list, tuple)) else None
+        state = (argv, list(sys.path), os.getcwd(), dict(os.environ), authkey, blob)
         pid, (pidfd,) = self._request(("spawn", state), [sock.fileno()])
         return ZygoteProcess(self, pid, pidfd)
 
@@ -438,7 +441,8 @@ def _fork(spec: Any, fds: list[int], agent: socket.socket, wake_fds: tuple[int, 
         for descriptor in wake_fds:
             os.close(descriptor)
         argv, sys_path, cwd, environ, authkey, blob = spec
-        sys.argv[:] = argv
+        if argv is not None:
+            sys.argv[:] = argv
         sys.path[:] = sys_path
         os.environ.clear()
         os.environ.update(environ)

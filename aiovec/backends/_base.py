@@ -195,6 +195,10 @@ class Backend(abc.ABC):
         rather than one after another."""
         return False
 
+    def running_envs(self, worker: int) -> list[int]:
+        """The envs of ``worker`` whose code it is running now (empty where unknown)."""
+        return []
+
     def calls_in_turn(self, worker: int, num_envs: int) -> int:
         """How many env calls ``worker`` makes one after another to run a command to
         ``num_envs`` of its envs (each is allowed ``step_timeout`` in its turn)."""

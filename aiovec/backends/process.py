@@ -344,6 +344,12 @@ class ProcessBackend(Backend):
     def steps_concurrently(self, worker: int) -> bool:
         return worker in self._concurrent or worker in self._async_workers
 
+    def running_envs(self, worker: int) -> list[int]:
+        buffers = getattr(self, "buffers", None)  # none before the workers described envs
+        if buffers is None or worker in self._dead:
+            return []
+        return [env_id for env_id in self.groups[worker] if buffers.running[env_id]]
+
     def attach(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
     ) -> Buffers:

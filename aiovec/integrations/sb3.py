@@ -27,6 +27,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor
 
 import aiovec
+from aiovec._transport.spaces import read_row
 from aiovec.integrations import _sb3_env_side as env_side
 
 
@@ -100,12 +101,16 @@ class SB3VecEnv(VecEnv):
         per_env = [dict(info) for info in cast("list[dict[str, Any]]", infos)]
         for index in range(self.num_envs):
             info = per_env[index]
-            if dones[index]:  # the info of the finished episode; the reset's goes aside
-                final_observation = info.pop("final_obs")
+            if dones[index] and "final_obs" in info:  # the finished episode's info; the
+                final_observation = info.pop("final_obs")  # reset's goes aside
                 final_info = info.pop("final_info", {})
                 self.reset_infos[index] = info
                 info = per_env[index] = dict(final_info)
                 info["terminal_observation"] = final_observation
+            elif dones[index]:  # a restart (on_failure="restart") ended the episode: SB3
+                # needs a terminal observation; the failed env's last one is gone, and the
+                # rebuilt env's first stands in (the info says restarted)
+                info["terminal_observation"] = read_row(observations, index)
             info["TimeLimit.truncated"] = bool(truncations[index] and not terminations[index])
         return observations, rewards.astype(np.float32), dones, per_env
 
