@@ -59,8 +59,8 @@ def open_lines(count: int) -> tuple[list[socket.socket], list[list[int]]]:
     if count and _free_fds() < 2 * count + SPARE_FDS:
         return agent_ends, worker_fds
     try:
-        for _ in range(count):
-            with no_interrupt():  # a raw descriptor is kept before a Ctrl-C lands
+        with no_interrupt():  # each raw descriptor is kept before a Ctrl-C lands
+            for _ in range(count):
                 sending, receiving = socket.socketpair()
                 agent_ends.append(sending)
                 worker_fds.append([receiving.detach(), sending.fileno()])

@@ -345,8 +345,12 @@ class ProcessBackend(Backend):
         return worker in self._concurrent or worker in self._async_workers
 
     def running_envs(self, worker: int) -> list[int]:
+        return [] if worker in self._dead else self._marked_running(worker)
+
+    def _marked_running(self, worker: int) -> list[int]:
+        """The envs ``worker`` marked as running (see Buffers.running), dead or alive."""
         buffers = getattr(self, "buffers", None)  # none before the workers described envs
-        if buffers is None or worker in self._dead:
+        if buffers is None:
             return []
         return [env_id for env_id in self.groups[worker] if buffers.running[env_id]]
 
@@ -648,12 +652,9 @@ class ProcessBackend(Backend):
         process.join(1.0)
         hint = STARTUP_HINT if self._starting.pop(worker, None) is not None else ""
         error = self._start_errors.pop(worker, None)
-        running: tuple[int, ...] = ()
-        buffers = getattr(self, "buffers", None)
-        if buffers is not None:  # which env the worker was in when it died
-            group = self.groups[worker]
-            running = tuple(env_id for env_id in group if buffers.running[env_id])
-            buffers.running[group] = 0  # a replacement starts with none running
+        running = tuple(self._marked_running(worker))  # which env it was in when it died
+        if running:
+            self.buffers.running[list(running)] = 0  # a replacement starts with none
         self._inbox.append((worker, WorkerExit(process.exitcode, hint, error, running)))
         self._wakeup.wake()
 
