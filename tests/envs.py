@@ -108,6 +108,29 @@ class SettingsEnv(CounterEnv):
         self.level = SETTINGS["level"]
 
 
+class LedgerEnv(CounterEnv):
+    """A ``CounterEnv`` that appends ``"build <index>"``, ``"reset <index>"`` and
+    ``"step <index>"`` lines to the file ``ledger`` (from any process): what the envs
+    were made to do, and how many were built."""
+
+    def __init__(self, env_index: int = 0, ledger: str = "", delay: float = 0.0) -> None:
+        super().__init__(env_index, delay=delay)
+        self.ledger = ledger
+        self._note("build")
+
+    def _note(self, what: str) -> None:
+        with open(self.ledger, "a") as handle:
+            handle.write(f"{what} {self.env_index}\n")
+
+    def reset(self, *, seed=None, options=None):
+        self._note("reset")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self._note("step")
+        return super().step(action)
+
+
 class DuckEnv:
     """Gymnasium's env API without subclassing ``gymnasium.Env`` (Gymnasium's vector envs
     take such envs): observation ``[seeded draw, step]``, episodes of 3 steps."""

@@ -98,6 +98,13 @@ class FailingConstructorEnv(CounterEnv):
         raise OSError(f"cannot connect to simulator {env_index}")
 
 
+class DyingConstructorEnv(CounterEnv):
+    """Its constructor kills its own process (a simulator library that aborts)."""
+
+    def __init__(self, env_index: int = 0) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class FlakyFactoryEnv(FaultyEnv):
     """A FaultyEnv whose constructor (counted across processes in ``ledger``, a file)
     works ``good_builds`` times, then raises (``on_rebuild="raise"``) or hangs."""

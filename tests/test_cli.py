@@ -53,6 +53,9 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     # W3's waiting envs are also stepped with no runtime at all, one thread each
     w3_rates = {r["name"]: r["median_steps_per_s"] for r in data["workloads"][1]["results"]}
     assert w3_rates["ceiling: one thread per env, no runtime"] > 0
+    # the default VecEnv first-ready one env at a time, and with recv()'s defaults
+    assert w3_rates["aiovec VecEnv(fns) default (first-ready 1)"] > 0
+    assert w3_rates["aiovec VecEnv(fns) default (first-ready all ready)"] > 0
     # the targets checker reads the same results
     checker = Path(__file__).resolve().parent.parent / "benchmarks" / "targets.py"
     targets = subprocess.run(
@@ -66,6 +69,8 @@ def test_bench_writes_table_plots_and_json(tmp_path):
     assert "PASS" in targets.stdout or "MISS" in targets.stdout
     ceiling_rows = [line for line in targets.stdout.splitlines() if "that ceiling" in line]
     assert len(ceiling_rows) == 1 and "not run" not in ceiling_rows[0]
+    all_ready = [line for line in targets.stdout.splitlines() if "(all ready)" in line]
+    assert len(all_ready) == 1 and "not run" not in all_ready[0]
     assert "| W4 8 envs: make default lockstep >= 0.88 of the CPU limit | not run | - |" in (
         targets.stdout
     )

@@ -16,7 +16,7 @@ import ray
 from gymnasium.vector import AutoresetMode
 
 import aiovec
-from tests.envs import CounterEnv, SpacesEnv
+from tests.envs import CounterEnv, LedgerEnv, SpacesEnv
 from tests.helpers import MAIN_MODULE_WALKER
 from tests.test_parity import assert_same
 
@@ -83,9 +83,15 @@ def test_same_results_as_the_process_backend(mode, concurrent, transport):
 
 
 async def test_waiting_envs_of_one_actor_overlap_and_the_fast_ones_come_first():
-    # No option given: the actor's probe finds that these envs wait, and overlaps them.
+    # No option given: the actor measures its first steps, finds that these envs wait,
+    # and overlaps them from then on (as a process worker does).
     env_fns = [partial(CounterEnv, i, delay=0.6 if i % 2 == 0 else 0.0) for i in range(4)]
     async with aiovec.VecEnv(env_fns, backend="ray", num_workers=1) as venv:
+        await venv.areset()
+        assert not venv._backend.steps_concurrently(0)  # nothing measured yet
+        for _ in range(2):  # each env's first step is not measured: the second is
+            await venv.astep(np.zeros(4, dtype=np.int64))
+        assert venv._backend.steps_concurrently(0)  # the agent was told
         await venv.areset()
         started = time.monotonic()
         venv.send(np.zeros(4, dtype=np.int64))
@@ -278,7 +284,8 @@ def test_a_link_answers_only_the_connection_that_brings_the_token():
         sock.sendall(b"s" * 16)
         link = Channel(sock)
         link.send(encode((Reset(seq=1, env_ids=[0], seeds=[3]), None)))
-        [(reply, rows)] = answer_decoder.decode(link.receive())
+        concurrent, [(reply, rows)] = answer_decoder.decode(link.receive())
+        assert concurrent is False  # one env: nothing to overlap
         assert (reply.seq, reply.env_ids) == (1, [0])
         assert rows[0].tolist() == [[0, 0]]  # CounterEnv 0's first observation
     ray.kill(actor)
@@ -353,23 +360,35 @@ def test_a_failing_env_in_an_actor_is_rebuilt_and_the_others_go_on(fault, transp
 
 
 def test_an_actor_that_dies_while_building_its_envs_is_a_clear_error():
-    from tests.faulty import FaultyEnv
+    from tests.faulty import DyingConstructorEnv
 
-    # the probe's throwaway env takes the actor down on its second step
-    env_fns = [partial(FaultyEnv, i, "sigkill", 2) for i in range(2)]
+    env_fns = [partial(DyingConstructorEnv, i) for i in range(2)]
     with pytest.raises(aiovec.WorkerCrashedError, match=r"worker 0 hosting envs \[0\] died "
                        r".*its Ray actor died while building its envs"):  # fmt: skip
         aiovec.VecEnv(env_fns, backend="ray", num_workers=2, ray_options={"num_cpus": 0})
     assert ray.is_initialized()
 
 
-def test_the_probe_of_an_env_that_hangs_gives_up_and_the_actor_lives():
-    from aiovec.backends import _ray_actor
-    from tests.faulty import FaultyEnv
-
-    started = time.monotonic()
-    assert _ray_actor._mostly_waiting(partial(FaultyEnv, 0, "hang", 1)) is True
-    assert time.monotonic() - started < _ray_actor.PROBE_DEADLINE + 1.0
+@TRANSPORT
+@pytest.mark.parametrize("concurrent", [None, False, True], ids=["measured", "off", "on"])
+def test_an_actor_builds_each_env_once_and_runs_only_what_the_agent_asks(
+    tmp_path, transport, concurrent
+):
+    # Whether envs wait is found from their own steps: no throwaway env is built and
+    # stepped (a simulator connection or a side effect of construction, done twice).
+    ledger = tmp_path / "ledger"
+    env_fns = [partial(LedgerEnv, i, str(ledger), delay=0.003) for i in range(3)]
+    options = {"transport": transport, "num_cpus": 0, "concurrent_envs": concurrent}
+    with aiovec.VecEnv(env_fns, backend="ray", num_workers=1, ray_options=options) as venv:
+        venv.reset(seed=1)
+        for _ in range(12):
+            venv.step(np.zeros(3, dtype=np.int64))
+        assert venv._backend.steps_concurrently(0) is (concurrent is not False)
+    lines = ledger.read_text().splitlines()
+    for what, count in (("build", 1), ("reset", 1), ("step", 12)):
+        assert sorted(line for line in lines if line.startswith(what)) == sorted(
+            f"{what} {i}" for i in range(3) for _ in range(count)
+        ), lines
 
 
 @TRANSPORT

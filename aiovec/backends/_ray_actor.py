@@ -9,7 +9,7 @@ An :class:`EnvActor` answers the agent in one of two ways (the backend picks one
   the agent awaits (for drivers that cannot reach the actors' nodes, e.g. Ray Client).
 
 Both carry the same msgpack payloads: a request is ``(command, action rows)``, an answer
-is a list of ``(reply, result rows)``.
+is ``(whether the actor steps a command's envs at once, [(reply, result rows), ...])``.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Union, cast
 
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec._auto import probe_step_time
 from aiovec._loop import new_event_loop
 from aiovec._transport import by_value
 from aiovec._transport.buffers import build_buffers
@@ -47,19 +46,18 @@ from aiovec._transport.protocol import (
     wire_reply,
 )
 from aiovec._transport.spaces import read_rows, write_rows
-from aiovec._worker import mark_worker_process
+from aiovec._worker import mark_worker_process, thread_clock
 from aiovec._worker.async_server import AsyncEnvServer
 from aiovec._worker.blocks import build_host
 from aiovec._worker.host import EnvBuildError, EnvHost
 from aiovec._worker.registrations import install
 from aiovec._worker.threads import EnvThreads
+from aiovec._worker.waiting_meter import WaitingMeter
 from aiovec.async_env import AsyncEnv
 
 request_decoder = decoder(tuple[Union[Command, None], Any])
-answer_decoder = decoder(list[tuple[Reply, Any]])
+answer_decoder = decoder(tuple[bool, list[tuple[Reply, Any]]])
 
-#: Seconds the probe of a new actor's env may take before the env counts as waiting.
-PROBE_DEADLINE = 5.0
 #: Bytes of the secret the agent sends first on a link (so nothing else can drive envs).
 TOKEN_SIZE = 16
 
@@ -67,10 +65,12 @@ TOKEN_SIZE = 16
 class EnvActor:
     """A group of envs, their own buffers, results as numpy payloads.
 
-    Envs that mostly wait (async envs, or blocking envs that sleep or do IO, found by a
-    short probe) run concurrently, each as a task of the actor's event loop (blocking
-    ones in a thread each), and whichever envs finish are answered first. CPU-bound envs
-    are stepped one after the other, a command at a time.
+    Envs that mostly wait (async envs, or blocking envs that sleep or do IO, found from
+    their first steps as a process worker finds them, see
+    :class:`~aiovec._worker.waiting_meter.WaitingMeter`) run concurrently, each as a
+    task of the actor's event loop (blocking ones in a thread each), and whichever envs
+    finish are answered first. CPU-bound envs are stepped one after the other, a
+    command at a time. Each answer says which of the two the actor does.
     """
 
     def __init__(
@@ -108,18 +108,14 @@ class EnvActor:
         self.cancels_late_envs = all(isinstance(env, AsyncEnv) for env in envs.values())
         if any(isinstance(env, AsyncEnv) for env in envs.values()):
             concurrent = True  # async envs can only be stepped on an event loop
-        elif concurrent is None:
-            concurrent = _mostly_waiting(next(iter(env_fns.values())))
+        self._step_timeout = step_timeout
+        #: Finds out whether the envs mostly wait, while they step one after another
+        #: (``None``: decided already, or nothing to overlap).
+        self._meter = WaitingMeter(self.host) if concurrent is None and len(envs) > 1 else None
         #: Whether a command's envs step at once (else one after another).
-        self.concurrent = bool(concurrent)
+        self.concurrent = False
         if concurrent:
-            if not self.cancels_late_envs:
-                self.host.threads = EnvThreads()
-            self._server = AsyncEnvServer(
-                cast(EnvHost, self.host),  # a BlockHost is never concurrent (see above)
-                emit=self._finished,
-                step_timeout=step_timeout if self.cancels_late_envs else None,
-            )
+            self._step_concurrently()
         self._outbox: list[tuple[Reply, Any]] = []
         self._owed = 0  # env commands submitted and not answered yet
         # seq -> [whether its replies carry result rows, env ids still to answer]
@@ -130,6 +126,17 @@ class EnvActor:
         self._link_loop: asyncio.AbstractEventLoop | None = None  # link: runs the envs
         self._push_scheduled = False
         self._closed: asyncio.Event | None = None
+
+    def _step_concurrently(self) -> None:
+        """From now on, run each command's envs at once, answering them as they finish."""
+        self.concurrent, self._meter = True, None
+        if not self.cancels_late_envs:
+            self.host.threads = EnvThreads()
+        self._server = AsyncEnvServer(
+            cast(EnvHost, self.host),  # a BlockHost is never concurrent (see __init__)
+            emit=self._finished,
+            step_timeout=self._step_timeout if self.cancels_late_envs else None,
+        )
 
     def describe(self) -> Any:
         """The envs' descriptions, whether late envs are cancelled here and whether a
@@ -155,8 +162,16 @@ class EnvActor:
             write_rows(self.host.buffers.actions, command.env_ids, actions)
         carries_rows = isinstance(command, (Step, Reset))
         if self._server is None:  # one after the other: the whole command now
+            meter = self._meter
+            timed = meter is not None and type(command) is Step and meter.wants(command)
+            if timed:
+                start = thread_clock.read()
             reply = self.host.execute(command)
             self._outbox.append((reply, self._rows(reply.env_ids) if carries_rows else None))
+            if timed and cast(WaitingMeter, meter).add(
+                thread_clock.since(start), cast(Step, command)
+            ):
+                self._step_concurrently()  # (the envs wait: this answer says so)
             return
         self._owed += len(command.env_ids)
         self._unanswered[command.seq] = [carries_rows, len(command.env_ids)]
@@ -192,7 +207,8 @@ class EnvActor:
     def _answer(self) -> bytes:
         """The outbox as one payload (and the outbox emptied)."""
         finished, self._outbox = self._outbox, []
-        return encode([(wire_reply(reply), to_wire(rows)) for reply, rows in finished])
+        replies = [(wire_reply(reply), to_wire(rows)) for reply, rows in finished]
+        return encode((self.concurrent, replies))
 
     # --- calls ----------------------------------------------------------------------------
 
@@ -314,26 +330,3 @@ class EnvActor:
             self.host.close()
         if self.host.threads is not None:
             self.host.threads.shutdown()
-
-
-def _mostly_waiting(env_fn: Callable[[], Any]) -> bool:
-    """Whether envs made by ``env_fn`` spend their steps waiting rather than computing
-    (so that they overlap when stepped concurrently).
-
-    The probe runs in a thread of its own and is given :data:`PROBE_DEADLINE` seconds:
-    an env whose steps block for longer (or hang) counts as waiting, and the actor does
-    not hang with it."""
-    verdict: list[bool] = []
-
-    def probe() -> None:
-        try:
-            waits = probe_step_time(env_fn).mostly_waits
-        except Exception:
-            verdict.append(False)  # the real commands will report what is wrong
-        else:
-            verdict.append(waits)
-
-    prober = threading.Thread(target=probe, name="aiovec-probe", daemon=True)
-    prober.start()
-    prober.join(PROBE_DEADLINE)
-    return verdict[0] if verdict else True

@@ -243,7 +243,10 @@ class RayBackend(Backend):
             return
         if isinstance(answer, BaseException):
             raise answer  # not the envs' fault: aiovec's own actor code failed
-        for reply, rows in answer_decoder.decode(answer):
+        concurrent, finished = answer_decoder.decode(answer)
+        if concurrent:  # the actor found that its envs wait (see EnvActor)
+            self._stepping_at_once.add(worker)
+        for reply, rows in finished:
             env_ids = reply.env_ids
             if rows is not None:
                 observations, rewards, terminations, truncations = rows

@@ -85,14 +85,21 @@ class AiovecFirstReady(Contender):
     library = "aiovec"
 
     def __init__(
-        self, batch_size: int, options: dict[str, Any], label: str | None = None, **kwargs: Any
+        self,
+        batch_size: int | None,
+        options: dict[str, Any],
+        label: str | None = None,
+        **kwargs: Any,
     ) -> None:
+        """``batch_size``: ``recv``'s ``max_envs`` (``None``: whatever is ready, at
+        least one env: ``recv()`` with its defaults)."""
         super().__init__(**kwargs)
         self.batch_size, self.options = batch_size, options
         workers = f", {options['num_workers']} workers" if "num_workers" in options else ""
         transport = options.get("ray_options", {}).get("transport")
         backend = options.get("backend", "process") + (f" {transport}" if transport else "")
-        self.name = f"aiovec {label or backend} (first-ready {batch_size}{workers})"
+        size = "all ready" if batch_size is None else batch_size
+        self.name = f"aiovec {label or backend} (first-ready {size}{workers})"
 
     def start(self) -> None:
         self.env = aiovec.VecEnv([self.env_fn] * self.num_envs, copy=self.copy, **self.options)

@@ -108,9 +108,12 @@ def _latency_workload(
     def contenders() -> list[Contender]:
         common: dict[str, Any] = {"env_fn": env_fn, "num_envs": num_envs}
         # What users get without options: VecEnv(fns) (the AsyncVectorEnv replacement)
-        # and make(..., backend="auto"), both first-ready one env at a time.
+        # and make(..., backend="auto"), both first-ready one env at a time (EnvPool's
+        # batch_size=1); and VecEnv(fns) with recv()'s defaults (whatever is ready, at
+        # least one env: Tianshou's wait_num=1).
         result: list[Contender] = [
             AiovecFirstReady(1, {}, label="VecEnv(fns) default", **common),
+            AiovecFirstReady(None, {}, label="VecEnv(fns) default", **common),
             AiovecFirstReady(1, {"backend": "auto"}, label="make auto", **common),
             GymnasiumLockstep(
                 "aiovec VecEnv(fns) default (lockstep)",
