@@ -145,6 +145,12 @@ def plan_backend(
             "step_timeout needs backend='process' or 'coroutine' (an env stepped inline "
             f"cannot be interrupted) and a positive number of seconds, got {step_timeout!r}"
         )
+    if step_timeout is not None and backend == "process" and inline_envs:
+        raise ValueError(
+            f"step_timeout cannot interrupt the inline_envs={inline_envs} envs this process "
+            "steps itself: pass inline_envs=0 (every env in a worker, which is killed when "
+            "one of its envs is late), or leave step_timeout out"
+        )
     restarts = max_restarts if on_failure == "restart" else 0
     return BackendPlan(backend, num_workers, inline_envs, concurrent_envs, restarts)
 

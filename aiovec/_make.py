@@ -6,7 +6,7 @@ import copy
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -192,7 +192,7 @@ def make(
             num_envs,
             {**(env_kwargs if isinstance(env_kwargs, dict) else {}), **env_extra},
             render_mode,
-            vectorization_mode or ("vector_entry_point" if batched else "async"),
+            vectorization_mode or _mode_of(venv, batched),
             vector_kwargs,
             wrappers,
         )
@@ -230,6 +230,14 @@ _MODE_BACKENDS = {"async": "process", "sync": "inline"}
 
 #: The keywords :func:`make` passes to :class:`VecEnv`; any other is the env's.
 _VECENV_OPTIONS = frozenset(inspect.signature(VecEnv.__init__).parameters) - {"self", "env_fns"}
+
+
+def _mode_of(venv: VecEnv, batched: bool) -> str:
+    """The ``vectorization_mode`` of ``gymnasium.make_vec`` that does what ``venv``
+    does: its envs batched, stepped one by one in this process, or elsewhere."""
+    if batched:
+        return "vector_entry_point"
+    return "sync" if venv.backend == "inline" else "async"
 
 
 def _vector_spec(
@@ -340,13 +348,31 @@ def _set_render_mode(kwargs: dict[str, Any], render_mode: str | None) -> None:
 def _per_env_kwargs(
     env_kwargs: Any, count: int, extra: dict[str, Any], unit: str = "env"
 ) -> list[dict[str, Any]]:
-    """Each env's (or block's) keyword arguments: its ``env_kwargs`` and ``extra``."""
-    if env_kwargs is None or isinstance(env_kwargs, dict):
+    """Each env's (or block's) keyword arguments: its ``env_kwargs`` and ``extra``.
+
+    Raises:
+        TypeError: ``env_kwargs`` (or an entry, or what its function returned) is not a
+            dict; the message says which.
+        ValueError: a list of the wrong length, or a keyword given twice.
+    """
+    if env_kwargs is None or isinstance(env_kwargs, Mapping):
         per_env = [dict(env_kwargs or {}) for _ in range(count)]
     elif callable(env_kwargs):
-        per_env = [dict(env_kwargs(index)) for index in range(count)]
+        per_env = [
+            _kwargs_dict(env_kwargs(index), f"env_kwargs({index}) returned", unit)
+            for index in range(count)
+        ]
     else:
-        per_env = [dict(item or {}) for item in env_kwargs]
+        if isinstance(env_kwargs, (str, bytes)) or not isinstance(env_kwargs, Iterable):
+            raise TypeError(
+                f"env_kwargs must be a dict (for every {unit}), a list of one dict per "
+                f"{unit}, or a function from {unit} index to dict; got "
+                f"{type(env_kwargs).__name__}"
+            )
+        per_env = [
+            _kwargs_dict(item, f"env_kwargs[{index}] is", unit)
+            for index, item in enumerate(env_kwargs)
+        ]
         if len(per_env) != count:
             raise ValueError(
                 f"env_kwargs has {len(per_env)} entries for {count} {unit}s: give one dict "
@@ -360,3 +386,16 @@ def _per_env_kwargs(
             )
         kwargs.update(extra)
     return per_env
+
+
+def _kwargs_dict(kwargs: Any, what: str, unit: str) -> dict[str, Any]:
+    """``kwargs`` (one env's or block's keyword arguments, ``None`` for none) as a new
+    dict; ``what`` starts the message of the ``TypeError`` raised for anything else."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(
+            f"{what} {type(kwargs).__name__}, not a dict: each {unit}'s keyword arguments "
+            "are a dict (e.g. {'gravity': 9.8})"
+        )
+    return dict(kwargs)

@@ -562,7 +562,7 @@ class Scheduler:
             self._crashes_in_a_row[worker] += 1
             self.worker_restarts[worker] += 1
             logger.warning("restarting worker %d after: %s", worker, crash)
-            self.backend.restart(worker, str(crash))
+            self.backend.restart(worker, f"{type(crash).__name__}: {crash}")
             for _, ticket in in_flight:  # the new envs answer with restart notices
                 ticket.sent_at, ticket.started_at = time.monotonic(), None
                 command = ticket.command

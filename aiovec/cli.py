@@ -59,6 +59,10 @@ def _workload_keys(text: str) -> list[str]:
     from aiovec.bench.workloads import WORKLOAD_KEYS, unknown_workload
 
     keys = [key.strip() for key in text.split(",") if key.strip()]
+    if not keys:
+        raise argparse.ArgumentTypeError(
+            f"names no workload ({text!r}); choose from {', '.join(WORKLOAD_KEYS)}"
+        )
     for key in keys:
         if key.upper() not in WORKLOAD_KEYS:
             raise argparse.ArgumentTypeError(unknown_workload(key))
@@ -69,21 +73,32 @@ def _check_before_running(args: argparse.Namespace, parser: argparse.ArgumentPar
     """What the arguments name must exist (an env id) or be creatable (the output
     folders) before anything is measured: a mistake ends the command as a usage error
     (exit status 2), never minutes later or with a traceback."""
+    from gymnasium.envs.registration import load_env_creator
     from gymnasium.error import Error as GymnasiumError
 
     from aiovec._make import registry_spec
 
     env_id = getattr(args, "env_id", None)
     if env_id is not None:
+        name = "--env-id" if args.command == "bench" else "env_id"
         try:
-            registry_spec(env_id)
+            spec = registry_spec(env_id)
         except (GymnasiumError, ImportError) as exc:
-            name = "--env-id" if args.command == "bench" else "env_id"
             parser.error(f"argument {name}: {exc}")
+        if isinstance(spec.entry_point, str):  # e.g. an extra not installed (Box2D)
+            try:
+                load_env_creator(spec.entry_point)
+            except (GymnasiumError, ImportError, AttributeError) as exc:
+                parser.error(
+                    f"argument {name}: cannot load {env_id}'s entry point "
+                    f"{spec.entry_point!r}: {type(exc).__name__}: {exc}"
+                )
     folders = []
     if args.command == "bench":
         folders.append(("--out", Path(args.out)))
         if args.json:
+            if Path(args.json).is_dir():
+                parser.error(f"argument --json: {args.json} is a folder; name a file in it")
             folders.append(("--json", Path(args.json).parent))
     for name, folder in folders:
         try:

@@ -29,7 +29,8 @@ class EnvError(AiovecError):
 
     Attributes:
         env_index: index of the env in the vector env.
-        operation: what the env was doing.
+        operation: what the env was doing (``"step"``, ``"reset"``, ``"call"``,
+            ``"make"`` ...; for a batched env too, whose rows the message names).
         exc_type: name of the original exception class (e.g. ``"ValueError"``).
         exc_message: the original exception's message.
         worker_traceback: the traceback as formatted where the env ran.
@@ -54,13 +55,15 @@ class EnvError(AiovecError):
         exc_module: str | None = None,
     ) -> None:
         self.env_index = env_index
-        self.operation = operation
+        # "step" reads "step()"; an operation that names its call already stays as it is
+        # in the message (e.g. "step() of the batched env of envs 2..3"), and its call
+        # alone is the attribute, as for single envs ("step").
+        self._operation = operation
+        self.operation = operation.split("(", 1)[0]
         self.exc_type = exc_type
         self.exc_message = exc_message
         self.worker_traceback = worker_traceback
         self.exc_module = exc_module
-        # "step" reads "step()"; an operation that names its call already stays as it is
-        # (e.g. "step() of the batched env of envs 2..3").
         call = operation if "(" in operation else f"{operation}()"
         text = f"env {env_index} raised {exc_type} in {call}: {exc_message}"
         if worker_traceback:
@@ -102,7 +105,7 @@ class EnvError(AiovecError):
             _rebuild_env_error,
             (
                 self.env_index,
-                self.operation,
+                self._operation,
                 self.exc_type,
                 self.exc_message,
                 self.worker_traceback,

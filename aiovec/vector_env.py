@@ -64,7 +64,13 @@ from aiovec._transport.spaces import (
     write_rows,
 )
 from aiovec._worker.host import EnvDescription
-from aiovec.backends import Hosting, backend_options, build_backend
+from aiovec.backends import (
+    REGISTRY,
+    Hosting,
+    backend_options,
+    build_backend,
+    refuse_options_not_taken,
+)
 from aiovec.backends._base import AsyncEnvsHereError, Backend
 from aiovec.errors import (
     ClosedError,
@@ -304,6 +310,15 @@ class VecEnv(SplitCalls, VectorEnv):
         close_timeout, spin = cast(float, times["close_timeout"]), times["spin"]  # not None
         env_fns = check_factories(env_fns)
         requested_backend = backend
+        if backend in REGISTRY:  # named by the user ("auto" picks one to suit the options)
+            refuse_options_not_taken(
+                backend,
+                num_workers=num_workers,
+                inline_envs=inline_envs,
+                concurrent_envs=concurrent_envs,
+                spin=spin,
+                ray_options=ray_options,
+            )
         plan = plan_backend(
             backend,
             env_fns,
@@ -990,13 +1005,21 @@ class VecEnv(SplitCalls, VectorEnv):
         self._scheduler.forget_failures()
 
     def close(self, **kwargs: Any) -> None:
-        """Close the envs and release every process and shared segment. Idempotent."""
+        """Close the envs and release every process and shared segment. Idempotent.
+
+        Raises:
+            RuntimeError: a call from another thread is in progress (nothing was done:
+                a vector env belongs to one thread at a time).
+        """
         if getattr(self, "closed", True):
             return
+        scheduler = self._scheduler
+        scheduler.enter_call()  # refused while another thread is in a call
         try:
             self.close_extras(**kwargs)
         finally:
             self.closed = True
+            scheduler.exit_call()
 
     def __enter__(self) -> VecEnv:
         return self
@@ -1015,14 +1038,17 @@ class VecEnv(SplitCalls, VectorEnv):
         if getattr(self, "closed", True):
             return
         closing = getattr(self._backend, "aclose", None)
-        if closing is not None:
-            self._scheduler.close()
-            try:
-                await closing(self.close_timeout)
-            finally:
-                self.closed = True
-        else:
+        if closing is None:
             self.close()
+            return
+        scheduler = self._scheduler
+        scheduler.enter_call()  # refused while another thread is in a call
+        scheduler.close()
+        try:
+            await closing(self.close_timeout)
+        finally:
+            self.closed = True
+            scheduler.exit_call()
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True):

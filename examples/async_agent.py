@@ -50,7 +50,7 @@ async def main(args: argparse.Namespace) -> None:
         await envs.areset(seed=0)
         rate = await lockstep(envs, args.seconds)
         print(f"lockstep            {rate:8,.0f} steps/s  ({rate / ideal:.2f} of ideal)")
-        for batch_size in (args.num_envs // 2, 1):
+        for batch_size in sorted({max(args.num_envs // 2, 1), 1}, reverse=True):
             rate = await first_ready(envs, args.seconds, batch_size)
             label = f"first-ready (<= {batch_size})"
             print(f"{label:19s} {rate:8,.0f} steps/s  ({rate / ideal:.2f} of ideal)")
@@ -60,4 +60,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--num-envs", type=int, default=16)
-    aiovec.run(main(parser.parse_args()))
+    args = parser.parse_args()
+    if args.num_envs < 1 or args.seconds <= 0:
+        parser.error("--num-envs must be at least 1 and --seconds positive")
+    aiovec.run(main(args))

@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
+    if args.workers < 1 or args.rollouts < args.workers or args.rollouts % args.workers:
+        parser.error("--rollouts must be a positive multiple of --workers (a block each)")
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one core per process, for a fair comparison
 

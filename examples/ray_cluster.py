@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
+    if not 1 <= args.actors <= args.num_envs:
+        parser.error("--actors must be between 1 and --num-envs (each actor hosts an env)")
 
     if args.address:
         ray.init(address=args.address)

@@ -153,3 +153,9 @@ def start_agent(tmp_path: Path, source: str) -> tuple[subprocess.Popen, list[int
         env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     return agent, [int(pid) for pid in agent.stdout.readline().split()]
+
+
+def workers(backend: str, count: int) -> dict[str, int]:
+    """``num_workers=count`` for a backend with workers, nothing for one without (which
+    refuses the option rather than ignore it)."""
+    return {"num_workers": count} if backend in ("process", "ray") else {}

@@ -67,3 +67,30 @@ def test_build_backend_checks_the_name_and_the_options_type():
 def test_the_vector_env_refuses_an_unknown_backend_by_name():
     with pytest.raises(ValueError, match=r"backend must be one of \('process', 'inline'"):
         aiovec.VecEnv([lambda: gym.make("CartPole-v1")], backend="threads")
+
+
+@pytest.mark.parametrize(
+    "backend, option, hint",
+    [
+        ("inline", {"num_workers": 3}, "'process' or 'ray'"),
+        ("coroutine", {"inline_envs": 1}, "'process'"),
+        ("inline", {"spin": 0.0}, "'process'"),
+        ("process", {"ray_options": {"num_cpus": 1}}, "'ray'"),
+        ("ray", {"concurrent_envs": True}, "ray_options={'concurrent_envs': ...}"),
+    ],
+)
+def test_an_option_the_named_backend_does_not_take_is_refused_not_ignored(backend, option, hint):
+    """aiovec's own per-backend options, given with a backend that has no use for them:
+    a clear ValueError before anything starts (they were silently ignored)."""
+    (name,) = option
+    with pytest.raises(ValueError, match=rf"{name}=.* backend={backend!r}") as raised:
+        aiovec.VecEnv([lambda: gym.make("CartPole-v1")], backend=backend, **option)
+    assert hint in str(raised.value)
+
+
+def test_with_backend_auto_options_for_backends_it_did_not_pick_are_fine():
+    # The user did not name the backend: whichever auto picks, the call stands.
+    with aiovec.VecEnv(
+        [lambda: gym.make("CartPole-v1")] * 2, backend="auto", num_workers=None, spin=0.0
+    ) as venv:
+        assert venv.backend == "inline"

@@ -4,6 +4,7 @@ vector-env API, on every backend that hosts blocks (inline and process)."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 from functools import partial
 
 import gymnasium as gym
@@ -224,8 +225,12 @@ def test_a_raising_block_is_one_error_naming_its_envs(backend):
         with pytest.raises(aiovec.EnvError, match=r"batched env of envs 2..3") as caught:
             venv.step(actions)
         assert caught.value.env_index == 2
+        assert caught.value.operation == "step"  # the call, as for single envs
         assert isinstance(caught.value, RuntimeError)
         assert "block failed on step 3" in caught.value.worker_traceback
+        # lossless through pickling (Ray, a multiprocessing queue)
+        again = pickle.loads(pickle.dumps(caught.value))
+        assert (str(again), again.operation) == (str(caught.value), "step")
 
         async def first_ready():  # the good block's results stay; the bad one: one error
             venv.send(actions)

@@ -121,10 +121,19 @@ def test_tune_recommends_a_call(tmp_path):
         (["bench", "--json", "/proc/aiovec-nope/r.json"], "argument --json: cannot create"),
         (["bench", "--workloads", "W1", "--env-id", "NoSuchEnv-v0"], "argument --env-id: "),
         (["tune", "NoSuchEnv-v0"], "argument env_id: "),
+        (["bench", "--workloads", ","], "argument --workloads: names no workload"),
+        (["bench", "--json", "."], "argument --json: . is a folder"),
+        # registered, but its entry point cannot be imported (a missing extra, e.g. Box2D)
+        (["tune", "brokenreg:Broken-v0"], "argument env_id: cannot load"),
+        (["bench", "--env-id", "brokenreg:Broken-v0"], "argument --env-id: cannot load"),
         (["tune", "CartPole-v1", "--repeats", "0"], "argument --repeats: must be at least 1"),
     ],
 )
 def test_a_mistake_in_the_arguments_is_a_usage_error_before_anything_runs(tmp_path, args, message):
+    (tmp_path / "brokenreg.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('Broken-v0', entry_point='aiovec_no_such_module:Env')\n"
+    )
     result = run_cli(*args, "--quiet", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
@@ -157,3 +166,48 @@ def test_bench_spin_workload_runs_beside_a_busy_process(tmp_path):
         ["pgrep", "-f", "while True: pass"], capture_output=True, text=True
     ).stdout.split()
     assert not leftover
+
+
+class _Interrupted:
+    """A bench contender whose measuring window is cut by Ctrl-C (``interrupt``), and
+    whose close() fails as a library's may once its workers took the Ctrl-C too."""
+
+    library = "test"
+
+    def __init__(self, name: str, closed: list[str], interrupt: bool) -> None:
+        self.name, self._closed, self._interrupt = name, closed, interrupt
+        self.recv_latencies: list[float] = []
+
+    def start(self) -> None:
+        pass
+
+    def run(self, seconds: float) -> int:
+        if self._interrupt and seconds > 0.5:  # a timed window, not the warm-up
+            raise KeyboardInterrupt
+        return 1
+
+    def stats(self):
+        return None
+
+    def close(self) -> None:
+        self._closed.append(self.name)
+        raise BrokenPipeError("[Errno 32] Broken pipe")
+
+
+def test_ctrl_c_during_a_bench_window_closes_every_contender_and_stays_a_ctrl_c():
+    """The KeyboardInterrupt reaches the caller (exit 130), not a close() error raised
+    while unwinding, and every contender started is closed all the same."""
+    from aiovec.bench import suite
+    from aiovec.bench.workloads import Workload
+
+    closed: list[str] = []
+    workload = Workload(
+        key="X",
+        title="interrupted",
+        env_fn=lambda: None,  # type: ignore[arg-type,return-value]
+        num_envs=1,
+        contenders=lambda: [_Interrupted(n, closed, n == "b") for n in "abc"],  # type: ignore[misc]
+    )
+    with pytest.raises(KeyboardInterrupt):
+        suite.run_workload(workload, seconds=1.0, repeats=1, progress=lambda _: None)
+    assert closed == ["a", "b", "c"]

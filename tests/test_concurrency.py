@@ -250,3 +250,36 @@ def test_a_call_from_a_second_thread_while_one_runs_is_refused(first):
     assert not isinstance(outcome[first], Exception), outcome
     assert isinstance(outcome[second], RuntimeError), outcome
     assert "another thread" in str(outcome[second])
+
+
+@pytest.mark.parametrize("backend", ["inline", "process", "coroutine"])
+def test_close_from_a_second_thread_while_one_steps_is_refused_and_changes_nothing(backend):
+    """close() is a call like the others: from a second thread while the owner's step
+    runs, it raises RuntimeError before doing anything (envs stepped in this process
+    would be closed under the step, an event loop run from two threads); the step
+    returns its results and the owner closes the env afterwards."""
+    from tests.async_envs import AsyncCounterEnv
+
+    env_class = AsyncCounterEnv if backend == "coroutine" else CounterEnv
+    venv = aiovec.VecEnv([partial(env_class, i, delay=0.6) for i in range(2)], backend=backend)
+    venv.reset(seed=0)
+    outcome: dict[str, object] = {}
+
+    def stepping() -> None:
+        try:
+            outcome["step"] = venv.step(np.zeros(2, dtype=np.int64))[0][:, 1].tolist()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["step"] = exc
+
+    stepper = threading.Thread(target=stepping)
+    stepper.start()
+    time.sleep(0.2)
+    with pytest.raises(RuntimeError, match="another thread"):
+        venv.close()
+    assert not venv.closed
+    stepper.join(BOUND)
+    assert not stepper.is_alive()
+    assert outcome["step"] == [1, 1], outcome
+    assert venv.step(np.zeros(2, dtype=np.int64))[0][:, 1].tolist() == [2, 2]
+    venv.close()
+    assert venv.closed

@@ -816,3 +816,25 @@ def test_an_agent_without_argv_still_starts_workers(tmp_path, argv):
     result = _run(["-c", script], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "stepped [1.0, 1.0]" in result.stdout
+
+
+def test_same_step_infos_keep_async_vector_envs_key_order():
+    """Code that reads ``list(infos)`` (loggers, DictInfoToList) sees AsyncVectorEnv's
+    order: the finished episode's info, then its observation, then the reset's keys."""
+    import gymnasium as gym
+    from gymnasium.vector import AsyncVectorEnv, AutoresetMode
+
+    import aiovec
+
+    def keys(vector_env_class) -> list[list[str]]:
+        fns = [lambda: gym.make("Blackjack-v1")] * 2
+        envs = vector_env_class(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+        try:
+            envs.reset(seed=0)
+            return [list(envs.step(np.ones(2, dtype=np.int64))[4]) for _ in range(4)]
+        finally:
+            envs.close()
+
+    expected = keys(AsyncVectorEnv)
+    assert any("final_obs" in step for step in expected)  # episodes did end
+    assert keys(aiovec.VecEnv) == expected

@@ -29,7 +29,7 @@ from tests.faulty import (
     FaultyEnv,
     GeneratorExitAsyncEnv,
 )
-from tests.helpers import random_traffic, start_agent
+from tests.helpers import random_traffic, start_agent, workers
 
 BOUND = 30  # seconds: any wait longer than this is a hang
 
@@ -222,6 +222,9 @@ def test_restart_policy_rebuilds_the_env_and_training_goes_on(fault, no_leaks):
     assert {"raise": "RuntimeError: simulator diverged", "hang": "did not answer"}.get(
         fault, "worker 1"
     ) in reason
+    # "<error class>: <message>", whoever restarted the env (its worker or the agent)
+    expected_class = {"raise": "RuntimeError", "hang": "StepTimeoutError"}
+    assert reason.startswith(expected_class.get(fault, "WorkerCrashedError") + ": "), reason
     assert venv.restart_counts.tolist() == [0, 1, 0]
     # an env that raised is rebuilt inside its worker; a dead or hung worker is replaced
     assert venv.worker_restarts == ((0, 0, 0) if fault == "raise" else (0, 1, 0))
@@ -742,7 +745,7 @@ def test_a_blocking_envs_generatorexit_is_its_error_on_every_backend(backend_nam
     env_fns = [partial(CounterEnv, 0), partial(GeneratorExitEnv, 1, in_close=True)]
     if backend_name == "coroutine":
         env_fns = [partial(AsyncCounterEnv, 0), partial(GeneratorExitAsyncEnv, 1)]
-    venv = aiovec.VecEnv(env_fns, backend=backend_name, num_workers=1, **options)
+    venv = aiovec.VecEnv(env_fns, backend=backend_name, **workers(backend_name, 1), **options)
     venv.reset()
     venv.step([0, 0])
     with pytest.raises(aiovec.EnvError, match="simulator 1 gone") as caught:

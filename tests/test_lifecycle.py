@@ -21,7 +21,7 @@ import aiovec
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv, SpacesEnv
 from tests.faulty import FaultyEnv
-from tests.helpers import run_python, start_agent
+from tests.helpers import run_python, start_agent, workers
 
 
 class RaisingEnv(CounterEnv):
@@ -47,7 +47,7 @@ def failing_factory():
 
 
 def test_close_is_idempotent_and_leaves_nothing(backend, no_leaks):
-    venv = aiovec.make("CartPole-v1", 4, backend=backend, num_workers=2)
+    venv = aiovec.make("CartPole-v1", 4, backend=backend, **workers(backend, 2))
     pids = worker_pids(venv)
     assert len(pids) == (2 if backend == "process" else 0)
     venv.reset(seed=0)
@@ -102,7 +102,7 @@ def test_env_error_names_env_and_carries_traceback(backend):
 
 async def test_env_error_in_first_ready_mode_keeps_other_results(backend):
     env_fns = [partial(RaisingEnv, 0, fail_at=1), partial(CounterEnv, 1)]
-    async with aiovec.VecEnv(env_fns, backend=backend, num_workers=1) as venv:
+    async with aiovec.VecEnv(env_fns, backend=backend, **workers(backend, 1)) as venv:
         await venv.areset()
         venv.send([0, 0])
         with pytest.raises(aiovec.EnvError, match="env 0"):

@@ -39,8 +39,9 @@ def test_env_keywords_as_gymnasium_make_vec_takes_them(backend):
         # not slippery: one outcome per action (three when slippery)
         assert [len(transitions[0][0]) for transitions in venv.get_attr("P")] == [1, 1]
         assert venv.copy is False
+        mode = "sync" if venv.backend == "inline" else "async"  # how aiovec stepped them
         expected = gym.make_vec(
-            "FrozenLake-v1", 2, "async", vector_kwargs={"copy": False}, is_slippery=False
+            "FrozenLake-v1", 2, mode, vector_kwargs={"copy": False}, is_slippery=False
         )
         expected.close()
         assert venv.spec.kwargs == expected.spec.kwargs
@@ -61,10 +62,25 @@ def test_spec_kwargs_record_env_kwargs_render_mode_and_wrappers():
             "max_episode_steps": 7,
             "render_mode": "rgb_array",
             "num_envs": 2,
-            "vectorization_mode": "async",
+            "vectorization_mode": "sync",  # how they ran: in this process, one by one
             "wrappers": wrappers,
         }
         assert gym.spec("CartPole-v1").kwargs == {}  # the registry's spec is untouched
+
+
+@pytest.mark.parametrize(
+    "options, mode",
+    [
+        ({}, None),  # whatever auto picked, named as make_vec would name it
+        ({"backend": "inline"}, "sync"),
+        ({"backend": "process"}, "async"),
+        ({"vectorization_mode": "async", "backend": "inline"}, "async"),  # as asked
+    ],
+)
+def test_spec_kwargs_say_how_the_envs_were_vectorized(options, mode):
+    with aiovec.make("CartPole-v1", 2, **options) as venv:
+        expected = mode or ("sync" if venv.backend == "inline" else "async")
+        assert venv.spec.kwargs["vectorization_mode"] == expected
 
 
 def test_spec_kwargs_of_batched_envs_are_make_vecs():
@@ -368,3 +384,24 @@ def test_a_registration_that_cannot_reach_a_worker_says_so_there(monkeypatch):
         assert "lock" in str(caught.value)
     finally:
         gym.registry.pop("LockedKwargs-v0", None)
+
+
+@pytest.mark.parametrize(
+    "env_kwargs, message",
+    [
+        (5, r"env_kwargs must be a dict.*got int"),
+        ("friction=0.5", r"env_kwargs must be a dict.*got str"),
+        (lambda index: "gravity", r"env_kwargs\(0\) returned str, not a dict"),
+        ([{"sutton_barto_reward": True}, 3], r"env_kwargs\[1\] is int, not a dict"),
+    ],
+    ids=["int", "str", "function-returning-none", "list-with-an-int"],
+)
+def test_env_kwargs_of_the_wrong_kind_are_named_in_the_error(env_kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        aiovec.make("CartPole-v1", 2, backend="inline", env_kwargs=env_kwargs)
+
+
+def test_none_stands_for_no_env_kwargs_in_a_list_or_from_a_function():
+    for env_kwargs in ([None, {"max_episode_steps": 3}], lambda i: None if i == 0 else {}):
+        with aiovec.make("CartPole-v1", 2, backend="inline", env_kwargs=env_kwargs) as venv:
+            assert venv.reset(seed=0)[0].shape == (2, 4)

@@ -334,3 +334,41 @@ def test_a_timeout_names_the_env_that_hangs_not_those_queued_behind_it(hung):
             venv.step(np.zeros(4, dtype=np.int64))
     assert caught.value.timed_out == [hung]
     assert f"envs [{hung}] did not answer" in str(caught.value)
+
+
+def test_step_timeout_with_envs_stepped_in_this_process_is_refused_at_construction():
+    """An env the agent's process steps itself (inline_envs) cannot be interrupted:
+    asking for a step_timeout with such envs is refused up front, naming the fix (it
+    failed with an internal IndexError at the first late step, and left the vector env
+    busy for good)."""
+    from functools import partial
+
+    import aiovec
+    from tests.envs import CounterEnv
+
+    for backend in ("process", "auto"):
+        with pytest.raises(ValueError, match=r"inline_envs=0"):
+            aiovec.VecEnv(
+                [partial(CounterEnv, i) for i in range(3)],
+                backend=backend,
+                num_workers=1,
+                inline_envs=1,
+                step_timeout=0.5,
+            )
+
+
+def test_step_timeout_with_blocking_envs_on_the_coroutine_backend_is_refused():
+    """The coroutine backend steps a blocking env on the loop itself, where nothing can
+    interrupt it: a step_timeout there is refused at construction (it was accepted and
+    never enforced), naming the envs and the fix; no env is left open."""
+    from functools import partial
+
+    import aiovec
+    from tests.async_envs import AsyncCounterEnv
+    from tests.envs import CounterEnv
+
+    env_fns = [partial(AsyncCounterEnv, 0), partial(CounterEnv, 1), partial(CounterEnv, 2)]
+    with pytest.raises(ValueError, match=r"envs \[1, 2\].*backend='process'"):
+        aiovec.VecEnv(env_fns, backend="coroutine", step_timeout=0.5)
+    # async envs alone: their late commands are cancelled, as documented
+    aiovec.VecEnv(env_fns[:1], backend="coroutine", step_timeout=0.5).close()

@@ -783,7 +783,8 @@ class EnvHost(HostState):
         """What follows ``env.step``: autoreset (same-step mode) and writing the results."""
         observation, reward, terminated, truncated, info = result
         if self._same_step and (terminated or truncated):
-            final = {"final_obs": observation, "final_info": info}
+            # (in AsyncVectorEnv's key order, which code reading list(infos) sees)
+            final = {"final_info": info, "final_obs": observation}
             observation, reset_info = yield _RESET
             info = {**final, **checked_info(reset_info)}
         self._record_step(env_id, observation, reward, terminated, truncated)

@@ -144,12 +144,51 @@ def backend_options(name: str, **settings: Any) -> Options:
     """The options of backend ``name`` taken from ``settings`` (the vector env's keyword
     arguments); settings the backend does not have are ignored."""
     options_class = REGISTRY[name].options
-    fields = options_class.__dataclass_fields__
+    fields = _fields(REGISTRY[name])
     chosen = {key: value for key, value in settings.items() if key in fields}
     if "ray_options" in chosen and chosen["ray_options"] is None:
         chosen["ray_options"] = {}
     options: Options = options_class(**chosen)
     return options
+
+
+#: aiovec's own per-backend keyword arguments of the vector env, and their defaults.
+#: (Gymnasium's ``context`` and ``daemon`` are left out: code written for
+#: AsyncVectorEnv passes them whatever the backend.)
+_OWN_OPTIONS = {
+    "num_workers": None,
+    "inline_envs": 0,
+    "concurrent_envs": None,
+    "spin": None,
+    "ray_options": None,
+}
+
+
+def _fields(entry: BackendEntry) -> dict[str, Any]:
+    return entry.options.__dataclass_fields__  # type: ignore[no-any-return]
+
+
+def refuse_options_not_taken(name: str, **given: Any) -> None:
+    """Raise ``ValueError`` if any of aiovec's own per-backend options in ``given`` is
+    set (not its default) although backend ``name`` (one the user named) has no use for
+    it: an option that would be ignored is more likely a mistake than a wish."""
+    fields = _fields(REGISTRY[name])
+    for option, default in _OWN_OPTIONS.items():
+        value = given.get(option, default)
+        if option in fields or value is None or value == default or value == {}:
+            continue
+        takers = [
+            other
+            for other, entry in REGISTRY.items()
+            if option in entry.options.__dataclass_fields__
+        ]
+        hint = " or ".join(repr(other) for other in takers)
+        if name == "ray" and option == "concurrent_envs":
+            hint = "'process' (for Ray actors: ray_options={'concurrent_envs': ...})"
+        raise ValueError(
+            f"{option}={value!r} does nothing with backend={name!r}: it is an option of "
+            f"backend={hint}; leave it out, or choose that backend"
+        )
 
 
 def build_backend(name: str, hosting: Hosting, options: Options) -> Backend:

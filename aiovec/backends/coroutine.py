@@ -19,7 +19,7 @@ from aiovec._loop import new_event_loop
 from aiovec._transport.protocol import EnvCommand
 from aiovec._worker.async_server import CANCEL_GRACE, AsyncBlockServer, AsyncEnvServer
 from aiovec._worker.blocks import BlockHost
-from aiovec._worker.host import call_errors
+from aiovec._worker.host import EnvHost, call_errors
 from aiovec.async_env import AsyncEnv
 from aiovec.backends._base import LocalBackend, Wakeup, WorkerEvent
 
@@ -38,6 +38,8 @@ class CoroutineBackend(LocalBackend):
         envs_per_block: int | None = None,
     ) -> None:
         super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block, async_blocks=True)
+        if step_timeout is not None:
+            _refuse_blocking_envs(self._host)
         self.groups = [self._host.group]
         self._server: AsyncEnvServer | AsyncBlockServer
         if isinstance(self._host, BlockHost):  # async batched envs: a task per block
@@ -160,3 +162,19 @@ def _close_call(env: Any) -> Any:
         return env.close()
     except call_errors():  # closing must finish
         return None
+
+
+def _refuse_blocking_envs(host: EnvHost | BlockHost) -> None:
+    """Raise ``ValueError`` (after closing ``host``'s envs) if it holds blocking envs: on
+    this backend they run on the loop itself, where no ``step_timeout`` can stop them."""
+    if not isinstance(host, EnvHost):  # async batched envs with a timeout: refused earlier
+        return
+    blocking = [env_id for env_id, env in host.envs.items() if not isinstance(env, AsyncEnv)]
+    if not blocking:
+        return
+    host.close()
+    raise ValueError(
+        f"step_timeout cannot interrupt envs {blocking} on backend='coroutine': they are "
+        "blocking envs (not aiovec.AsyncEnv), stepped on the event loop itself; use "
+        "backend='process' (a late env's worker is killed), or leave step_timeout out"
+    )

@@ -82,6 +82,27 @@ def run_workload(
             neighbour.wait()
 
 
+def _close_all(contenders: list[Contender], quietly: bool) -> None:
+    """Close every contender, even after one fails to; the first failure is raised at
+    the end unless ``quietly`` (unwinding from another error, e.g. a Ctrl-C that the
+    libraries' workers took too, which that error must reach the caller as)."""
+    failure: Exception | None = None
+    for contender in contenders:
+        try:
+            contender.close()
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None and not quietly:
+        raise failure
+
+
+def _close_quietly(contender: Contender) -> None:
+    try:
+        contender.close()
+    except Exception:  # half started: close what it can, the start's error is reported
+        pass
+
+
 def _run_workload(
     workload: Workload, seconds: float, repeats: int, progress: Progress
 ) -> WorkloadResult:
@@ -90,9 +111,11 @@ def _run_workload(
     cpu = {c.name: [0.0, 0] for c in contenders}
     windows: dict[str, list[Any]] = {c.name: [] for c in contenders}
     started: list[Contender] = []
+    unwinding = True  # until every window ran: close errors must not hide the cause
     try:
         for contender in contenders:
             progress(f"{workload.key}: starting {contender.name}")
+            started.append(contender)
             try:
                 existing = set(system.descendant_pids())
                 memory_before = system.proportional_memory([os.getpid()])
@@ -104,8 +127,9 @@ def _run_workload(
                     results[contender.name].memory_per_env = used / workload.num_envs
             except Exception as exc:  # a library that fails is reported, not fatal
                 results[contender.name].error = f"{type(exc).__name__}: {exc}"
+                started.pop()
+                _close_quietly(contender)  # whatever it started before failing
                 continue
-            started.append(contender)
         for round_index in range(repeats):
             for contender in started:
                 progress(f"{workload.key}: {contender.name} ({round_index + 1}/{repeats})")
@@ -122,9 +146,9 @@ def _run_workload(
                 cpu[contender.name][0] += system.tree_cpu_seconds() - cpu_before
                 cpu[contender.name][1] += steps
                 results[contender.name].rates.append(steps / elapsed)
+        unwinding = False
     finally:
-        for contender in started:
-            contender.close()
+        _close_all(started, quietly=unwinding)
     for contender in contenders:
         cpu_seconds, step_count = cpu[contender.name]
         if step_count:
