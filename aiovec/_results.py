@@ -132,9 +132,12 @@ class Results:
                 self._single_observation_space, [scheduler.observations[i] for i in env_ids]
             )
         )
+        rewards = buffers.rewards.take(rows)  # take: about twice as fast as indexing
+        if scheduler.reward_dtype is not None:  # batched envs' own (float32 for CartPole)
+            rewards = rewards.astype(scheduler.reward_dtype)
         return Batch(
             observations,
-            buffers.rewards.take(rows),  # take: about twice as fast as indexing
+            rewards,
             buffers.terminations.take(rows),
             buffers.truncations.take(rows),
             self._collect_infos(env_ids),
@@ -186,9 +189,11 @@ class Results:
                 del failures  # see raise_alone
         infos = self._collect_infos(env_ids)
         buffers = self._buffers
+        reward_dtype = scheduler.reward_dtype  # batched envs' own (float32 for CartPole)
+        rewards = buffers.rewards
         return (
             self.observations(copy),
-            buffers.rewards.copy(),
+            rewards.copy() if reward_dtype is None else rewards.astype(reward_dtype),
             buffers.terminations.copy(),
             buffers.truncations.copy(),
             infos,

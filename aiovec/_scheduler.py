@@ -143,6 +143,9 @@ class Scheduler:
         self.num_busy = 0  # envs with a command in flight
         self.num_stepping = 0  # of those, envs with a step in flight (what recv waits for)
         self.infos: dict[int, dict[str, Any]] = {}  # env id -> its non-empty info, until taken
+        #: The dtype batched envs return their rewards in (``None``: float64, Gymnasium's
+        #: for single envs); results are given in it (see _note_reward_dtype).
+        self.reward_dtype: np.dtype[Any] | None = None
         self.errors: dict[int, Exception] = {}  # env id -> failure to report instead of a result
         self.observations: list[Any] = [None] * num_envs  # for spaces not in shared memory
         self.dead_workers: dict[int, Exception] = {}  # worker -> what to raise
@@ -533,6 +536,8 @@ class Scheduler:
                 for env_id in message.env_ids:
                     self._env_answered_at[env_id] = now
             self._count_busy(worker, message)
+            if message.reward_dtype is not None:
+                self._note_reward_dtype(message.reward_dtype)
             if message.progressed:  # real work happened: not a crash loop
                 self._crashes_in_a_row[worker] = 0
             unanswered = ticket.unanswered() if ticket.answered else len(ticket.env_ids)
@@ -644,11 +649,21 @@ class Scheduler:
         (they never enter the ready-queue, and no env changes state)."""
         reply = self.backend.execute_now(command)
         self._count_busy(0, reply)  # such a backend's one group runs in this process
+        if reply.reward_dtype is not None:
+            self._note_reward_dtype(reply.reward_dtype)
         stats, count = self.stats, len(reply.env_ids)
         stats.commands += 1
         stats.env_steps += count
         stats.record_latency(reply.busy, count)
         self._store_results(reply.env_ids, reply, None, self._read_reply(reply))
+
+    def _note_reward_dtype(self, dtype: str) -> None:
+        """Batched envs returned rewards of ``dtype`` (their workers combine their own
+        blocks'): results carry that dtype, combined over the workers."""
+        known = self.reward_dtype
+        if known is None or known.str != dtype:
+            new = np.dtype(dtype)
+            self.reward_dtype = new if known is None else np.result_type(known, new)
 
     def _count_busy(self, worker: int, reply: Reply) -> None:
         self.stats.env_time += reply.busy

@@ -61,7 +61,11 @@ def run_parity(venv, references, k, steps, seed, action_of):
         got = venv.step(actions)
         outs = [ref.step(actions[i * k : (i + 1) * k]) for i, ref in enumerate(references)]
         for field in range(4):
-            np.testing.assert_array_equal(got[field], np.concatenate([o[field] for o in outs]))
+            expected = np.concatenate([o[field] for o in outs])
+            np.testing.assert_array_equal(got[field], expected)
+            # the batched env's own dtypes, as gymnasium.make_vec gives them (CartPole's
+            # rewards are float32; single envs' rewards are float64, as in Gymnasium)
+            assert got[field].dtype == expected.dtype, (field, got[field].dtype)
         expected_infos: dict = {}
         for index, out in enumerate(outs):
             for offset, row in enumerate(split_infos(out[4], k) or [{}] * k):
@@ -750,3 +754,20 @@ def test_a_block_takes_the_observations_a_single_env_would(space, given, taken):
         observations, *_ = venv.step(np.array([0, 0]))
         observations = observations["a"] if isinstance(observations, dict) else observations
         assert observations.tolist() == taken
+
+
+async def test_first_ready_batches_of_batched_envs_keep_their_reward_dtype(backend):
+    reference = gym.make_vec("CartPole-v1", 2, vectorization_mode="vector_entry_point")
+    reference.reset(seed=0)
+    dtype = reference.step(np.zeros(2, dtype=np.int64))[1].dtype
+    reference.close()
+    async with aiovec.make(
+        "CartPole-v1", 4, vectorization_mode="vector_entry_point", envs_per_block=2,
+        backend=backend,
+    ) as venv:  # fmt: skip
+        await venv.areset(seed=0)
+        venv.send(np.zeros(4, dtype=np.int64))
+        for _ in range(6):
+            batch = await venv.recv()
+            assert batch.rewards.dtype == dtype
+            venv.send(np.zeros(len(batch.env_ids), dtype=np.int64), batch.env_ids)

@@ -137,6 +137,8 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     for observation spaces that are not in shared memory. ``progressed`` is false when
     no env did real work (only autoresets and restart notices): a crash loop.
     ``busy`` is the seconds the host spent running envs since its previous reply.
+    ``reward_dtype`` (batched envs only) is the numpy dtype of the rewards its batched
+    envs returned so far (``"<f4"``), which the agent's results keep.
     """
 
     seq: int
@@ -147,6 +149,7 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     errors: Union[list[ErrorInfo], None] = None
     progressed: bool = True
     busy: float = 0.0
+    reward_dtype: Union[str, None] = None
 
 
 def merge_replies(replies: list[Reply]) -> Reply:
@@ -174,6 +177,7 @@ def merge_replies(replies: list[Reply]) -> Reply:
         errors=errors or None,
         progressed=any(reply.progressed for reply in replies),
         busy=sum(reply.busy for reply in replies),
+        reward_dtype=next((r.reward_dtype for r in replies if r.reward_dtype), None),
     )
 
 

@@ -218,6 +218,9 @@ class BlockHost(HostState):
         self._observation_space = first.observation_space  # batched, for splitting
         self._single_action_space = first.single_action_space
         self._ranges: dict[tuple[int, int], list[int]] = {}  # (first, count) -> its rows
+        #: The dtype of the rewards the blocks returned so far (as numpy would combine
+        #: them; ``None`` before the first step or for non-array rewards), for the agent.
+        self.reward_dtype: str | None = None
         #: The rows hosted, in order (a Step for all of them may travel without them).
         self.group = [
             first_row + offset for first_row in blocks for offset in range(envs_per_block)
@@ -348,6 +351,7 @@ class BlockHost(HostState):
             observations=self.observations_of(env_ids),
             errors=errors or None,
             progressed=progressed,
+            reward_dtype=self.reward_dtype,
         )
 
     # Every operation on a block is a *flow* (see aiovec._worker.host): a generator that yields
@@ -385,10 +389,20 @@ class BlockHost(HostState):
             result = _synchronous((yield methodcaller("step", actions)), "step")
             observations, rewards, terminations, truncations, info = result
             self._write(first_row, observations, rewards, terminations, truncations)
+            self._note_reward_dtype(rewards)
             self._failures_in_a_row[first_row] = 0
             return split_infos(info, size), None, True
         except env_errors() as exc:
             return (yield from self._recover_flow(first_row, exc))
+
+    def _note_reward_dtype(self, rewards: Any) -> None:
+        """Keep the dtype of a block's rewards (a numpy array of numbers), combined with
+        the other blocks': the agent's results take it, as ``make_vec`` returns it."""
+        dtype = getattr(rewards, "dtype", None)
+        if dtype is None or dtype.kind not in "fiub" or dtype.str == self.reward_dtype:
+            return
+        known = self.reward_dtype
+        self.reward_dtype = (dtype if known is None else np.result_type(known, dtype)).str
 
     def _block_actions(self, first_row: int, command: Step, positions: Sequence[int]) -> Any:
         """The block's batch of actions, in row order: a private copy (a block may keep
