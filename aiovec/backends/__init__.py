@@ -177,11 +177,7 @@ def refuse_options_not_taken(name: str, **given: Any) -> None:
         value = given.get(option, default)
         if option in fields or value is None or value == default or value == {}:
             continue
-        takers = [
-            other
-            for other, entry in REGISTRY.items()
-            if option in entry.options.__dataclass_fields__
-        ]
+        takers = [other for other, entry in REGISTRY.items() if option in _fields(entry)]
         hint = " or ".join(repr(other) for other in takers)
         if name == "ray" and option == "concurrent_envs":
             hint = "'process' (for Ray actors: ray_options={'concurrent_envs': ...})"

@@ -96,13 +96,6 @@ def _close_all(contenders: list[Contender], quietly: bool) -> None:
         raise failure
 
 
-def _close_quietly(contender: Contender) -> None:
-    try:
-        contender.close()
-    except Exception:  # half started: close what it can, the start's error is reported
-        pass
-
-
 def _run_workload(
     workload: Workload, seconds: float, repeats: int, progress: Progress
 ) -> WorkloadResult:
@@ -128,7 +121,8 @@ def _run_workload(
             except Exception as exc:  # a library that fails is reported, not fatal
                 results[contender.name].error = f"{type(exc).__name__}: {exc}"
                 started.pop()
-                _close_quietly(contender)  # whatever it started before failing
+                # what it started before failing: closed, its start's error reported
+                _close_all([contender], quietly=True)
                 continue
         for round_index in range(repeats):
             for contender in started:
