@@ -415,3 +415,46 @@ def test_a_vector_env_left_on_a_closed_loop_is_collected_quietly():
     )
     assert result.stdout.strip() == "collected"
     assert "Exception ignored" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("how", ["ctrl-c in a blocking env", "sys.exit in an async env"])
+def test_an_interrupt_from_an_env_on_the_loop_reaches_the_caller_without_asyncio_noise(how):
+    """A Ctrl-C landing in a blocking env's step (or an async env's own sys.exit) on the
+    coroutine backend reaches the caller as itself, as from SyncVectorEnv, once: no
+    "Task exception was never retrieved" for the env's task afterwards (it was logged
+    at garbage collection)."""
+    source = textwrap.dedent(
+        f"""
+        import gc, os, signal, threading, time
+        import numpy as np
+        import aiovec
+        from tests.async_envs import AsyncCounterEnv
+        from tests.envs import CounterEnv
+
+        class Exiting(AsyncCounterEnv):
+            async def step(self, action):
+                raise SystemExit("simulator gave up")
+
+        if {how!r} == "ctrl-c in a blocking env":
+            envs = aiovec.VecEnv([AsyncCounterEnv, lambda: CounterEnv(1, delay=2.0)],
+                                 backend="coroutine")
+            expected = KeyboardInterrupt
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        else:
+            envs = aiovec.VecEnv([AsyncCounterEnv, Exiting], backend="coroutine")
+            expected = SystemExit  # in this process, an env's exit is the program's
+        envs.reset()
+        try:
+            envs.step(np.zeros(2, dtype=np.int64))
+        except expected as exc:
+            print("caught", type(exc).__name__)
+        envs.close()
+        del envs
+        gc.collect()
+        print("done")
+        """
+    )
+    result = run_python(source)
+    assert result.returncode == 0, result.stderr
+    assert "caught" in result.stdout and "done" in result.stdout
+    assert "never retrieved" not in result.stderr, result.stderr

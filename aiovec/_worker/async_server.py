@@ -14,7 +14,7 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, cast
 
 from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
@@ -66,7 +66,7 @@ class AsyncEnvServer:
             if waiting is not None:
                 waiting.set_result(None)  # cheaper than starting a task
             elif env_id not in self.runners:
-                self.runners[env_id] = loop.create_task(self._run(env_id, loop))
+                self.runners[env_id] = _runner(loop, self._run(env_id, loop))
 
     def busy(self) -> bool:
         """Whether some env has a command queued or running."""
@@ -201,7 +201,7 @@ class AsyncEnvServer:
         if self.runners.get(env_id) is not runner or env_id not in self._expired:
             return  # the cancellation took effect
         self._expired.discard(env_id)
-        successor = loop.create_task(self._take_over(env_id, loop))
+        successor = _runner(loop, self._take_over(env_id, loop))
         self.runners[env_id] = successor
 
     async def _take_over(self, env_id: int, loop: asyncio.AbstractEventLoop) -> None:
@@ -266,7 +266,7 @@ class AsyncBlockServer:
             where = positions if isinstance(command, Step) else index
             self._queues[first_row].append((command, where))
             if first_row not in self.runners:
-                self.runners[first_row] = loop.create_task(self._run(first_row))
+                self.runners[first_row] = _runner(loop, self._run(first_row))
 
     def busy(self) -> bool:
         """Whether some block has a command queued or running."""
@@ -369,6 +369,27 @@ async def close_after(
                 len(late),
                 timeout,
             )
+
+
+def _runner(
+    loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, None]
+) -> asyncio.Task[None]:
+    """A task serving an env's (or a block's) commands on ``loop``."""
+    task = loop.create_task(coroutine)
+    task.add_done_callback(_retrieve_exit)
+    return task
+
+
+def _retrieve_exit(task: asyncio.Future[Any]) -> None:
+    # A KeyboardInterrupt or SystemExit from an env on the caller's loop (a Ctrl-C in a
+    # blocking env's step, an env's sys.exit) leaves run_until_complete as itself; the
+    # task keeps it too, which asyncio would log later as "never retrieved".
+    if task.cancelled():
+        return
+    exc = task.exception()  # (retrieved now, whatever it is)
+    if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        # Not an env's error (the host captures those): aiovec's own, said at once.
+        logger.error("an env runner failed", exc_info=exc)
 
 
 def _forget_outcome(task: asyncio.Future[Any]) -> None:
