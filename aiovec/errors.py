@@ -277,10 +277,15 @@ class ClosedError(AiovecError, gymnasium.error.ClosedEnvironmentError):
     """The vector env was used after :meth:`~aiovec.VecEnv.close`, or closed while a task
     awaited it."""
 
-    def __init__(self, operation: str = "", *, reason: str | None = None) -> None:
+    def __init__(
+        self, operation: str = "", *, reason: str | None = None, closed_by: str | None = None
+    ) -> None:
+        """``reason``: the whole message; ``closed_by``: what closed the env (else the
+        user's ``close()``)."""
+        state = "is closed" if closed_by is None else f"was closed by {closed_by}"
         super().__init__(
             reason
-            or f"cannot {operation}: the vector env is closed; create a new one with aiovec.make()"
+            or f"cannot {operation}: the vector env {state}; create a new one with aiovec.make()"
         )
 
 

@@ -105,6 +105,15 @@ def _no_check() -> None:
     """For a call whose arguments are checked already."""
 
 
+def _sync_name(coroutine: Coroutine[Any, Any, Any]) -> str:
+    """The synchronous call that ran ``coroutine`` (``astep`` -> ``step``,
+    ``_step_wait`` -> ``step_wait``), for messages."""
+    name: str = getattr(coroutine, "__name__", "a call")
+    if name.startswith("_"):
+        return name[1:]
+    return name[1:] if name.startswith("a") and hasattr(VecEnv, name[1:]) else name
+
+
 def _timed(method: _Method) -> _Method:
     """Mark ``method`` (a public call) as a call into the vector env: its time counts in
     :meth:`VecEnv.stats`, and a call from a second thread meanwhile is refused."""
@@ -262,6 +271,8 @@ class VecEnv(SplitCalls, VectorEnv):
     #: True until construction succeeds, so close() and __del__ of a half-built env do nothing.
     closed: bool = True
     _pending_dropped_quietly = False
+    #: What closed the env when not the user's close() (said by later calls' ClosedError).
+    _closed_by: str | None = None
 
     def __init__(
         self,
@@ -683,11 +694,19 @@ class VecEnv(SplitCalls, VectorEnv):
             scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
             return self._results.lockstep(env_ids, self.copy)
         except KeyboardInterrupt:
-            self.close(timeout=0)
+            self._close_on_ctrl_c("step")
             raise
         finally:
             scheduler.exit_call()
             scheduler.exit_sync()
+
+    def _close_on_ctrl_c(self, call: str) -> None:
+        """A Ctrl-C landed in the blocking ``call``: close now, and say so later. Its
+        workers are stopped rather than left running; envs in this process were cut
+        mid-call, and their bookkeeping with them."""
+        self.close(timeout=0)
+        stops = "stops its workers at once" if self.num_workers else "cuts its envs mid-call"
+        self._closed_by = f"a Ctrl-C (KeyboardInterrupt) during {call}(), which {stops}"
 
     def _reset_submit(
         self,
@@ -971,7 +990,7 @@ class VecEnv(SplitCalls, VectorEnv):
             value: _T = finished.value  # what the coroutine returned
             return value
         except KeyboardInterrupt:
-            self.close(timeout=0)  # Ctrl-C: stop the workers now rather than leave them
+            self._close_on_ctrl_c(_sync_name(coroutine))
             raise
         finally:
             scheduler.exit_call()
@@ -1073,7 +1092,7 @@ class VecEnv(SplitCalls, VectorEnv):
 
     def _check_open(self, operation: str) -> None:
         if self.closed:
-            raise ClosedError(operation)
+            raise ClosedError(operation, closed_by=self._closed_by)
         if self._owner_pid != _this_pid and self.num_workers:
             # A forked child would drive the parent's workers, and both could then wait
             # for replies the other one took: refused, not a hang.

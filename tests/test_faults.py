@@ -345,12 +345,20 @@ def test_ctrl_c_during_a_step_closes_the_workers(tmp_path):
                     venv.step([0, 0])
                 except KeyboardInterrupt:
                     print("interrupted closed=%s" % venv.closed, flush=True)
+                try:  # a notebook user's next cell: told why, not just "closed"
+                    venv.step([0, 0])
+                except aiovec.ClosedError as exc:
+                    print(exc, flush=True)
         """,
     )
     try:
         time.sleep(0.3)  # inside step() now
         agent.send_signal(signal.SIGINT)
         assert agent.stdout.readline().strip() == "interrupted closed=True"
+        assert agent.stdout.readline().strip() == (
+            "cannot step: the vector env was closed by a Ctrl-C (KeyboardInterrupt) during "
+            "step(), which stops its workers at once; create a new one with aiovec.make()"
+        )
         assert agent.wait(10) == 0
         assert not any(pid_alive(pid) for pid in pids)
     finally:
