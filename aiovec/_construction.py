@@ -142,8 +142,10 @@ def plan_backend(
         raise ValueError(f"on_failure must be 'raise' or 'restart', got {on_failure!r}")
     if step_timeout is not None and (backend == "inline" or step_timeout <= 0):
         raise ValueError(
-            "step_timeout needs backend='process' or 'coroutine' (an env stepped inline "
-            f"cannot be interrupted) and a positive number of seconds, got {step_timeout!r}"
+            "step_timeout needs backend='process', 'ray' or 'coroutine' (async envs): an "
+            "env stepped inline (backend='inline', or make(vectorization_mode='sync')) "
+            "cannot be interrupted; and a positive number of seconds, got "
+            f"{step_timeout!r}"
         )
     if step_timeout is not None and backend == "process" and inline_envs:
         raise ValueError(

@@ -190,7 +190,7 @@ def make(
         venv.spec = _vector_spec(
             spec,
             num_envs,
-            {**(env_kwargs if isinstance(env_kwargs, dict) else {}), **env_extra},
+            {**(env_kwargs if isinstance(env_kwargs, Mapping) else {}), **env_extra},
             render_mode,
             vectorization_mode or _mode_of(venv, batched),
             vector_kwargs,

@@ -46,6 +46,10 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _nothing() -> None:
+    pass
+
+
 def raise_alone(error: BaseException) -> NoReturn:
     """Raise ``error`` (one the vector env kept, maybe raised before) with a traceback of
     this raise only: an error raised again and again (a dead worker's crash, by every
@@ -389,6 +393,11 @@ class Scheduler:
             self._calls_started = time.perf_counter()
         self._calls += 1
 
+    @property
+    def in_call(self) -> bool:
+        """Whether a call into the vector env is in progress."""
+        return bool(self._calls)
+
     def exit_call(self) -> None:
         """The call begun by :meth:`enter_call` ended (however)."""
         self._calls -= 1
@@ -423,11 +432,19 @@ class Scheduler:
             )
 
     def close(self) -> None:
-        """Wake every waiting task: they raise :class:`aiovec.ClosedError`."""
+        """Wake every waiting task: they raise :class:`aiovec.ClosedError`. From any
+        thread, or a signal handler that ran while a loop was blocked in ``select``."""
         self.closed = True
+        loops = {future.get_loop() for future in self._parked}
         self._wake_parked()
         if self._pumping:
             self.backend.interrupt()
+        # The loops must run those callbacks now, wherever this was called from (a blocked
+        # loop would not notice them); the backend's own wait too (a blocking call's).
+        self.backend.nudge()
+        for loop in loops:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_nothing)
 
     def forget_failures(self) -> None:
         """Let go of the failures kept for raising (once closed, nothing raises them):

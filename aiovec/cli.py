@@ -42,7 +42,10 @@ def _whole_number(text: str) -> int:
 
 
 def _counts(text: str) -> list[int]:
-    return [_whole_number(part.strip()) for part in text.split(",") if part.strip()]
+    counts = [_whole_number(part.strip()) for part in text.split(",") if part.strip()]
+    if not counts:
+        raise argparse.ArgumentTypeError(f"names no count ({text!r}); e.g. 8 or 8,64")
+    return counts
 
 
 def _seconds(text: str) -> float:
@@ -299,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stepping; starts a local Ray, which takes a few seconds)",
     )
     bench_parser.add_argument("--quiet", action="store_true", help="no progress display")
-    bench_parser.set_defaults(handler=bench)
+    bench_parser.set_defaults(handler=bench, parser=bench_parser)
 
     tune_parser = commands.add_parser(
         "tune",
@@ -311,14 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats", type=_whole_number, default=2, help="windows per configuration"
     )
     tune_parser.add_argument("--quiet", action="store_true", help="no progress display")
-    tune_parser.set_defaults(handler=tune)
+    tune_parser.set_defaults(handler=tune, parser=tune_parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _check_before_running(args, parser)
+    _check_before_running(args, args.parser)  # a mistake shows the subcommand's usage
     return cast(int, args.handler(args))  # every subcommand's handler returns an exit code
 
 

@@ -127,6 +127,7 @@ def _timed(method: _Method) -> _Method:
                 return await method(self, *args, **kwargs)
             finally:
                 scheduler.exit_call()
+                self._close_if_asked_meanwhile()
 
         return cast(_Method, timed_coroutine)
 
@@ -138,6 +139,7 @@ def _timed(method: _Method) -> _Method:
             return method(self, *args, **kwargs)
         finally:
             scheduler.exit_call()
+            self._close_if_asked_meanwhile()
 
     return cast(_Method, timed)
 
@@ -198,7 +200,8 @@ class VecEnv(SplitCalls, VectorEnv):
         ray_options: Ray backend: ``address`` (for ``ray.init``, used only when Ray is not
             initialized yet), ``num_cpus`` per actor (default 1), ``init_kwargs``,
             ``concurrent_envs`` (step an actor's envs concurrently, answering first-ready:
-            default ``None`` probes whether the envs mostly wait; async envs always are),
+            default ``None`` finds from their first steps whether they mostly wait; async
+            envs always are),
             ``actors_per_node`` (fill the alive nodes in turn with that many actors each),
             ``transport`` (``"link"``: a direct connection to each actor, the default;
             ``"calls"``: one Ray actor call per request, the default under Ray Client),
@@ -273,6 +276,8 @@ class VecEnv(SplitCalls, VectorEnv):
     _pending_dropped_quietly = False
     #: What closed the env when not the user's close() (said by later calls' ClosedError).
     _closed_by: str | None = None
+    #: close()'s arguments, when it was called while env code ran in this thread.
+    _deferred_close: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -699,6 +704,24 @@ class VecEnv(SplitCalls, VectorEnv):
         finally:
             scheduler.exit_call()
             scheduler.exit_sync()
+            self._close_if_asked_meanwhile()
+
+    def _close_if_asked_meanwhile(self) -> None:
+        """At the end of a call: if close() was asked for while it ran env code in this
+        thread (see :meth:`close`), close now, once the outermost call ends, and raise.
+
+        Raises:
+            aiovec.ClosedError: it was.
+        """
+        deferred = self._deferred_close
+        if deferred is None or self._scheduler.in_call:
+            return
+        self._deferred_close = None
+        self.close(**deferred)
+        raise ClosedError(
+            reason="the vector env was closed while this call ran its envs (close() from "
+            "a signal handler, or from an env's own code): it closed when they returned"
+        )
 
     def _close_on_ctrl_c(self, call: str) -> None:
         """A Ctrl-C landed in the blocking ``call``: close now, and say so later. Its
@@ -995,6 +1018,7 @@ class VecEnv(SplitCalls, VectorEnv):
         finally:
             scheduler.exit_call()
             scheduler.exit_sync()
+            self._close_if_asked_meanwhile()
         coroutine.close()
         raise AssertionError("a coroutine suspended in blocking mode")
 
@@ -1034,6 +1058,13 @@ class VecEnv(SplitCalls, VectorEnv):
             return
         scheduler = self._scheduler
         scheduler.enter_call()  # refused while another thread is in a call
+        if self._backend.in_env_code_here():
+            # Called from a signal handler (or an env's own code) while this thread is
+            # inside an env's call in this process: the envs cannot be closed under it.
+            # The call in progress closes the vector env when it ends (ClosedError).
+            self._deferred_close = kwargs
+            scheduler.exit_call()
+            return
         try:
             self.close_extras(**kwargs)
         finally:

@@ -122,6 +122,7 @@ def test_tune_recommends_a_call(tmp_path):
         (["bench", "--workloads", "W1", "--env-id", "NoSuchEnv-v0"], "argument --env-id: "),
         (["tune", "NoSuchEnv-v0"], "argument env_id: "),
         (["bench", "--workloads", ","], "argument --workloads: names no workload"),
+        (["bench", "--num-envs", ","], "argument --num-envs: names no count"),
         (["bench", "--json", "."], "argument --json: . is a folder"),
         # registered, but its entry point cannot be imported (a missing extra, e.g. Box2D)
         (["tune", "brokenreg:Broken-v0"], "argument env_id: cannot load"),
@@ -137,6 +138,7 @@ def test_a_mistake_in_the_arguments_is_a_usage_error_before_anything_runs(tmp_pa
     result = run_cli(*args, "--quiet", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
+    assert f"usage: aiovec {args[0]}" in result.stderr  # the subcommand's own usage
     assert "Traceback" not in result.stderr
     assert not result.stdout  # nothing measured
 

@@ -458,3 +458,51 @@ def test_an_interrupt_from_an_env_on_the_loop_reaches_the_caller_without_asyncio
     assert result.returncode == 0, result.stderr
     assert "caught" in result.stdout and "done" in result.stdout
     assert "never retrieved" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("how", ["close", "aclose"])
+def test_close_from_another_thread_while_the_envs_loop_idles_in_its_own(how):
+    """Async envs live on the loop of the thread that stepped them; closed from another
+    thread while no call runs, they are closed there, promptly, each once (close() raised
+    'This event loop is already running' and left every env open; aclose() from the
+    other thread's own loop waited out the whole close_timeout)."""
+    import threading
+
+    closed: list[int] = []
+
+    class Recorded(AsyncCounterEnv):
+        async def close(self):
+            closed.append(self.env_index)
+
+    built = threading.Event()
+    holder: dict = {}
+
+    def thread_a() -> None:
+        loop = holder["loop"] = asyncio.new_event_loop()
+
+        async def setup() -> None:
+            venv = aiovec.VecEnv([partial(Recorded, i) for i in range(2)], backend="coroutine")
+            await venv.areset(seed=0)
+            await venv.astep(np.zeros(2, dtype=np.int64))
+            holder["venv"] = venv
+
+        loop.run_until_complete(setup())
+        built.set()
+        loop.run_forever()
+        loop.close()
+
+    a = threading.Thread(target=thread_a, daemon=True)
+    a.start()
+    assert built.wait(20)
+    venv = holder["venv"]
+    started = time.monotonic()
+    if how == "close":
+        venv.close()
+    else:
+        asyncio.run(venv.aclose())
+    assert time.monotonic() - started < venv.close_timeout / 2
+    assert venv.closed and sorted(closed) == [0, 1]
+    venv.close()  # again: nothing more
+    assert sorted(closed) == [0, 1]
+    holder["loop"].call_soon_threadsafe(holder["loop"].stop)
+    a.join(10)

@@ -547,3 +547,50 @@ def test_close_frees_the_shared_memory_while_the_closed_env_lives():
     assert observations.sum() == observations.sum()  # still readable after close
     del observations
     assert _shared_mappings() == before
+
+
+@pytest.mark.parametrize(
+    "backend, how",
+    [
+        ("process", "sync"),
+        ("process", "async"),
+        ("inline", "sync"),
+        ("inline", "async"),  # send() steps inline envs itself: it raises
+        ("coroutine", "sync"),
+        ("coroutine", "async"),
+    ],
+)
+def test_close_from_a_signal_handler_ends_the_call_that_waits_with_closed_error(backend, how):
+    """A SIGTERM handler calling close() (a preempted cluster job) while the main thread
+    waits in step() or an awaited recv(): the wait ends with ClosedError (it hung on an
+    event loop blocked in select(), and the inline backend's step failed inside), and
+    every env is closed."""
+    source = f"""
+import asyncio, signal, time
+from functools import partial
+import numpy as np
+import aiovec
+from tests.async_envs import AsyncCounterEnv
+from tests.envs import CounterEnv
+
+env_class = AsyncCounterEnv if {backend!r} == "coroutine" else CounterEnv
+venv = aiovec.VecEnv([partial(env_class, i, delay=1.0) for i in range(2)], backend={backend!r})
+venv.reset(seed=0)
+signal.signal(signal.SIGALRM, lambda *_: venv.close())
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+started = time.monotonic()
+try:
+    if {how!r} == "sync":
+        venv.step(np.zeros(2, dtype=np.int64))
+    else:
+        async def main():
+            venv.send(np.zeros(2, dtype=np.int64))
+            return await venv.recv(min_envs=2)
+        asyncio.run(main())
+    print("returned")
+except aiovec.ClosedError as exc:
+    print("ClosedError", venv.closed, round(time.monotonic() - started))
+"""
+    result = run_python(source, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[:2] == ["ClosedError", "True"], (result.stdout, result.stderr)

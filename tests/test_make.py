@@ -405,3 +405,11 @@ def test_none_stands_for_no_env_kwargs_in_a_list_or_from_a_function():
     for env_kwargs in ([None, {"max_episode_steps": 3}], lambda i: None if i == 0 else {}):
         with aiovec.make("CartPole-v1", 2, backend="inline", env_kwargs=env_kwargs) as venv:
             assert venv.reset(seed=0)[0].shape == (2, 4)
+
+
+def test_spec_kwargs_record_env_kwargs_given_as_any_mapping():
+    from types import MappingProxyType
+
+    env_kwargs = MappingProxyType({"max_episode_steps": 7})
+    with aiovec.make("CartPole-v1", 2, backend="inline", env_kwargs=env_kwargs) as venv:
+        assert venv.spec.kwargs["max_episode_steps"] == 7

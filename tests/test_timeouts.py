@@ -367,8 +367,19 @@ def test_step_timeout_with_blocking_envs_on_the_coroutine_backend_is_refused():
     from tests.async_envs import AsyncCounterEnv
     from tests.envs import CounterEnv
 
-    env_fns = [partial(AsyncCounterEnv, 0), partial(CounterEnv, 1), partial(CounterEnv, 2)]
+    closed: list[int] = []
+
+    class Recorded(AsyncCounterEnv):
+        async def close(self):  # awaited: an async env's close is a coroutine
+            closed.append(self.env_index)
+
+    class RecordedBlocking(CounterEnv):
+        def close(self):
+            closed.append(self.env_index)
+
+    env_fns = [partial(Recorded, 0), partial(RecordedBlocking, 1), partial(CounterEnv, 2)]
     with pytest.raises(ValueError, match=r"envs \[1, 2\].*backend='process'"):
         aiovec.VecEnv(env_fns, backend="coroutine", step_timeout=0.5)
+    assert sorted(closed) == [0, 1]  # every env built was closed, the async one awaited
     # async envs alone: their late commands are cancelled, as documented
     aiovec.VecEnv(env_fns[:1], backend="coroutine", step_timeout=0.5).close()

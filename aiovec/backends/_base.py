@@ -95,6 +95,14 @@ class Wakeup:
             self._future.set_result(None)
             self._woken_at = time.perf_counter()
 
+    def nudge(self) -> None:
+        """Make the loop a wait is on run its callbacks (:meth:`wake` was called from
+        outside them: another thread, or a signal handler that ran while the loop was
+        blocked in ``select``, which would otherwise go on blocking)."""
+        future = self._future
+        if future is not None and not future.get_loop().is_closed():
+            future.get_loop().call_soon_threadsafe(self.wake)
+
     def take_lag(self) -> float | None:
         """The loop lag of the last wait that was woken, once; ``None`` if none since."""
         lag, self._lag = self._lag, None
@@ -190,6 +198,16 @@ class Backend(abc.ABC):
     #: Rows of each batched env (``envs_per_block``), or ``None`` for single envs.
     _envs_per_block: int | None = None
 
+    def nudge(self) -> None:
+        """Wake a wait on this backend (see :meth:`interrupt`) from outside its event
+        loop's callbacks: another thread, or a signal handler (``close()``)."""
+        self.interrupt()
+
+    def in_env_code_here(self) -> bool:
+        """Whether this thread is inside a blocking env's call in this process now (so
+        that a ``close()`` now came from a signal handler or the env's own code)."""
+        return False
+
     def steps_concurrently(self, worker: int) -> bool:
         """Whether ``worker`` runs a command's envs at once (threads, an event loop),
         rather than one after another."""
@@ -283,6 +301,11 @@ class LocalBackend(Backend):
             raise exc.info.to_exception() from None
         if not async_blocks:  # only the coroutine backend awaits what its envs return
             refuse_async_envs(self._host, "backend='inline'")
+        # Async envs' marks span their awaits: another task's close() is not inside them.
+        self._blocking_host = not async_blocks
+
+    def in_env_code_here(self) -> bool:
+        return self._blocking_host and bool(self.buffers.running.any())
 
     def attach(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]

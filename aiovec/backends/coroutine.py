@@ -17,7 +17,12 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._loop import new_event_loop
 from aiovec._transport.protocol import EnvCommand
-from aiovec._worker.async_server import CANCEL_GRACE, AsyncBlockServer, AsyncEnvServer
+from aiovec._worker.async_server import (
+    CANCEL_GRACE,
+    AsyncBlockServer,
+    AsyncEnvServer,
+    close_after,
+)
 from aiovec._worker.blocks import BlockHost
 from aiovec._worker.host import EnvHost, call_errors
 from aiovec.async_env import AsyncEnv
@@ -88,6 +93,9 @@ class CoroutineBackend(LocalBackend):
     def interrupt(self) -> None:
         self._wakeup.wake()
 
+    def nudge(self) -> None:
+        self._wakeup.nudge()
+
     def poll(self) -> list[WorkerEvent]:
         if not self._inbox and self._loop is not None and self._loop is self._private_loop:
             # Envs started from synchronous code live on the private loop, which runs only
@@ -120,15 +128,43 @@ class CoroutineBackend(LocalBackend):
     # --- shutdown -------------------------------------------------------------------------
 
     async def aclose(self, timeout: float) -> None:
-        """Cancel what runs and await every env's ``close`` (within ``timeout``)."""
-        await self._server.aclose(timeout)
+        """Cancel what runs and await every env's ``close`` (within ``timeout``), on the
+        loop the envs live on (which may run in another thread)."""
+        elsewhere = self._loop_elsewhere()
+        if elsewhere is not None:
+            closing = asyncio.run_coroutine_threadsafe(self._server.aclose(timeout), elsewhere)
+            await asyncio.wrap_future(closing)
+        else:
+            await self._server.aclose(timeout)
         if self._private_loop is not None:
             self._private_loop.close()
+
+    def _loop_elsewhere(self) -> asyncio.AbstractEventLoop | None:
+        """The envs' loop when it runs in another thread than this (where only it may
+        cancel their tasks and await their ``close``), else ``None``."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return None
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        return None if running is loop else loop
 
     def close(self, timeout: float) -> None:
         """Cancel what runs and close every env: awaited on this backend's loop when no
         loop is running, scheduled on the running loop otherwise (use ``aclose`` there
-        to wait for it), skipped when ``timeout`` is 0 (``__del__``, Ctrl-C)."""
+        to wait for it), skipped when ``timeout`` is 0 (``__del__``, Ctrl-C). When that
+        loop runs in another thread, it is done there (waited for, up to ``timeout``)."""
+        elsewhere = self._loop_elsewhere()
+        if elsewhere is not None:
+            closing = asyncio.run_coroutine_threadsafe(self._server.aclose(timeout), elsewhere)
+            if timeout:
+                try:
+                    closing.result(timeout + CANCEL_GRACE)
+                except Exception:  # late (its envs ignore cancellation), or failed: done
+                    closing.cancel()
+            return
         runners = self._server.retire()
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -164,6 +200,10 @@ def _close_call(env: Any) -> Any:
         return None
 
 
+#: Seconds the envs of a refused construction get to close (``close_timeout``'s default).
+_REFUSED_CLOSE_TIMEOUT = 5.0
+
+
 def _refuse_blocking_envs(host: EnvHost | BlockHost) -> None:
     """Raise ``ValueError`` (after closing ``host``'s envs) if it holds blocking envs: on
     this backend they run on the loop itself, where no ``step_timeout`` can stop them."""
@@ -172,7 +212,17 @@ def _refuse_blocking_envs(host: EnvHost | BlockHost) -> None:
     blocking = [env_id for env_id, env in host.envs.items() if not isinstance(env, AsyncEnv)]
     if not blocking:
         return
-    host.close()
+    # Every env closed, async ones awaited: on the running loop (construction from a
+    # coroutine) as a task, else on a loop of their own, now.
+    closing = close_after([], host.envs.values(), _REFUSED_CLOSE_TIMEOUT)
+    try:
+        asyncio.get_running_loop().create_task(closing)
+    except RuntimeError:
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(closing)
+        finally:
+            loop.close()
     raise ValueError(
         f"step_timeout cannot interrupt envs {blocking} on backend='coroutine': they are "
         "blocking envs (not aiovec.AsyncEnv), stepped on the event loop itself; use "

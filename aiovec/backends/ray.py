@@ -261,6 +261,9 @@ class RayBackend(Backend):
     def interrupt(self) -> None:
         self._transport.interrupt()
 
+    def nudge(self) -> None:
+        self._transport.nudge()
+
     def poll(self) -> list[WorkerEvent]:
         return self._messages(self._transport.poll())
 
@@ -389,6 +392,9 @@ class _Links:
 
     def interrupt(self) -> None:
         self._wakeup.wake()
+
+    def nudge(self) -> None:
+        self._wakeup.nudge()
 
     def take(self) -> list[tuple[int, Any]]:
         """What the loop's callbacks gathered (no reads)."""
@@ -519,6 +525,11 @@ class _Calls:
     def interrupt(self) -> None:
         if self._interrupted is not None and not self._interrupted.done():
             self._interrupted.set_result(None)
+
+    def nudge(self) -> None:
+        interrupted = self._interrupted
+        if interrupted is not None and not interrupted.get_loop().is_closed():
+            interrupted.get_loop().call_soon_threadsafe(self.interrupt)
 
     def open(self, worker: int) -> None:
         self._calls[worker] = 0
