@@ -1057,8 +1057,9 @@ class VecEnv(SplitCalls, VectorEnv):
         if getattr(self, "closed", True):
             return
         scheduler = self._scheduler
+        reentered = scheduler.in_call  # (in this thread: another thread's is refused next)
         scheduler.enter_call()  # refused while another thread is in a call
-        if self._backend.in_env_code_here():
+        if reentered and self._backend.in_env_code_here():
             # Called from a signal handler (or an env's own code) while this thread is
             # inside an env's call in this process: the envs cannot be closed under it.
             # The call in progress closes the vector env when it ends (ClosedError).
