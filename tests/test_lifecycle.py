@@ -557,6 +557,7 @@ def test_close_frees_the_shared_memory_while_the_closed_env_lives():
         ("inline", "sync"),
         ("inline", "async"),  # send() steps inline envs itself: it raises
         ("coroutine", "sync"),
+        ("coroutine", "sync, blocking envs"),  # the handler runs inside an env's step
         ("coroutine", "async"),
     ],
 )
@@ -573,14 +574,15 @@ import aiovec
 from tests.async_envs import AsyncCounterEnv
 from tests.envs import CounterEnv
 
-env_class = AsyncCounterEnv if {backend!r} == "coroutine" else CounterEnv
+blocking = {backend!r} != "coroutine" or "blocking" in {how!r}
+env_class = CounterEnv if blocking else AsyncCounterEnv
 venv = aiovec.VecEnv([partial(env_class, i, delay=1.0) for i in range(2)], backend={backend!r})
 venv.reset(seed=0)
 signal.signal(signal.SIGALRM, lambda *_: venv.close())
 signal.setitimer(signal.ITIMER_REAL, 0.3)
 started = time.monotonic()
 try:
-    if {how!r} == "sync":
+    if {how!r}.startswith("sync"):
         venv.step(np.zeros(2, dtype=np.int64))
     else:
         async def main():

@@ -74,6 +74,8 @@ class Wakeup:
 
     def __init__(self) -> None:
         self._future: asyncio.Future[None] | None = None
+        #: A :meth:`nudge` came while nothing waited: the next wait returns at once.
+        self._nudged = False
         self._woken_at = 0.0
         #: Seconds from the last :meth:`wake` to its waiter running again (the event
         #: loop's lag), until taken by :meth:`take_lag`.
@@ -81,6 +83,9 @@ class Wakeup:
 
     async def wait(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
         self._future = loop.create_future()
+        if self._nudged:  # (checked once the future is there: see nudge)
+            self._nudged = False
+            self._future.set_result(None)
         timer = None if timeout is None else loop.call_later(timeout, self.wake)
         try:
             await self._future
@@ -100,7 +105,9 @@ class Wakeup:
         outside them: another thread, or a signal handler that ran while the loop was
         blocked in ``select``, which would otherwise go on blocking)."""
         future = self._future
-        if future is not None and not future.get_loop().is_closed():
+        if future is None:  # e.g. an env's code, run on the loop before the wait began
+            self._nudged = True
+        elif not future.get_loop().is_closed():
             future.get_loop().call_soon_threadsafe(self.wake)
 
     def take_lag(self) -> float | None:

@@ -520,6 +520,7 @@ class _Calls:
         self._calls = [0] * backend.num_workers  # exchange calls in flight, per actor
         self._futures: dict[Any, asyncio.Future[Any]] = {}
         self._interrupted: asyncio.Future[None] | None = None
+        self._nudged = False  # a nudge while nothing waited: the next wait returns at once
         self.closing = False
 
     def interrupt(self) -> None:
@@ -528,7 +529,9 @@ class _Calls:
 
     def nudge(self) -> None:
         interrupted = self._interrupted
-        if interrupted is not None and not interrupted.get_loop().is_closed():
+        if interrupted is None:
+            self._nudged = True
+        elif not interrupted.get_loop().is_closed():
             interrupted.get_loop().call_soon_threadsafe(self.interrupt)
 
     def open(self, worker: int) -> None:
@@ -562,6 +565,9 @@ class _Calls:
                 if ref not in self._futures:
                     self._futures[ref] = asyncio.ensure_future(_await(ref))
             self._interrupted = asyncio.get_running_loop().create_future()
+            if self._nudged:  # (checked once the future is there: see nudge)
+                self._nudged = False
+                self._interrupted.set_result(None)
             try:
                 await asyncio.wait(
                     [*self._futures.values(), self._interrupted],
