@@ -147,6 +147,13 @@ class Scheduler:
         self.num_busy = 0  # envs with a command in flight
         self.num_stepping = 0  # of those, envs with a step in flight (what recv waits for)
         self.infos: dict[int, dict[str, Any]] = {}  # env id -> its non-empty info, until taken
+        #: Calls whose code is on this thread's stack now (not those suspended or
+        #: blocked in a wait): a close() while it is not 0 came from a signal handler or
+        #: an env's own code, and must not pull the state from under that code.
+        self.active = 0
+        #: Closes the vector env: set by a close() asked for while :attr:`active`, run by
+        #: the next wait of a call (or when the calls return, see VecEnv).
+        self.close_requested: Callable[[], None] | None = None
         #: The dtype batched envs return their rewards in (``None``: float64, Gymnasium's
         #: for single envs); results are given in it (see _note_reward_dtype).
         self.reward_dtype: np.dtype[Any] | None = None
@@ -277,7 +284,12 @@ class Scheduler:
                 # Never starve the loop's other tasks: a turn for them first, unless the
                 # wait below gives them one anyway (with a timeout, it may end first).
                 if ready or timeout is not None or not self.backend.wait_suspends:
-                    await asyncio.sleep(0)
+                    active, self.active = self.active, 0  # suspended: see active
+                    try:
+                        await asyncio.sleep(0)
+                    finally:
+                        self.active = active
+                    self._raise_if_closed()
                     self.stats.record_lag(time.perf_counter() - started)
                     ready = condition()
             if not ready:
@@ -293,8 +305,10 @@ class Scheduler:
         """The rest of :meth:`wait_until`, once ``condition`` was found not to hold: a
         coroutine of its own only then."""
         while True:
-            if self.closed:
-                raise ClosedError(reason="the vector env was closed while this call waited")
+            self._raise_if_closed()
+            if self.close_requested is not None:  # asked for while this thread was busy
+                self.close_requested()
+                raise ClosedError(reason="the vector env was closed while this call ran")
             now = time.monotonic()
             remaining = None
             if deadline is not None:
@@ -313,28 +327,58 @@ class Scheduler:
                 if expires != math.inf:  # inf: every late worker is still (re)starting
                     until = expires - now
                     remaining = until if remaining is None else min(remaining, until)
+            # While this call waits (blocked in the kernel, or suspended), this thread
+            # runs none of the vector env's code: a close() now may close at once.
+            active, self.active = self.active, 0
             if self.blocking:
-                self.dispatch(self.backend.wait_blocking(remaining))
-            elif self._pumping:
-                await self._park(remaining)
-            else:
-                self._pumping = True
                 try:
-                    messages = await self.backend.wait(remaining)
+                    messages = self.backend.wait_blocking(remaining)
                 finally:
-                    self._pumping = False
-                    if self._parked:  # one of them becomes the pump if it still waits
-                        self._wake_parked()
-                lag = self.backend.take_loop_lag()
-                if lag is not None:
-                    self.stats.record_lag(lag)
-                if messages:
-                    self.dispatch(messages, pump=True)
-                elif self.backend.completes_inline:
-                    # Nothing can arrive by itself: wait for another task to act.
+                    self.active = active
+                self._raise_if_closed()
+                self.dispatch(messages)
+                if condition():
+                    return
+                continue
+            if self._pumping:
+                try:
                     await self._park(remaining)
+                finally:
+                    self.active = active
+                self._raise_if_closed()
+                if condition():
+                    return
+                continue
+            self._pumping = True
+            try:
+                messages = await self.backend.wait(remaining)
+            finally:
+                self.active = active
+                self._pumping = False
+                if self._parked:  # one of them becomes the pump if it still waits
+                    self._wake_parked()
+            self._raise_if_closed()
+            lag = self.backend.take_loop_lag()
+            if lag is not None:
+                self.stats.record_lag(lag)
+            if messages:
+                self.dispatch(messages, pump=True)
+            elif self.backend.completes_inline:
+                # Nothing can arrive by itself: wait for another task to act.
+                active, self.active = self.active, 0
+                try:
+                    await self._park(remaining)
+                finally:
+                    self.active = active
+                self._raise_if_closed()
             if condition():
                 return
+
+    def _raise_if_closed(self) -> None:
+        """After a wait: the vector env may have been closed meanwhile (by another task,
+        a signal handler, another thread), its buffers gone: nothing more is read."""
+        if self.closed:
+            raise ClosedError(reason="the vector env was closed while this call waited")
 
     async def _park(self, timeout: float | None) -> None:
         """Sleep until the state changes (or ``timeout``)."""
@@ -392,15 +436,12 @@ class Scheduler:
             self._call_thread = thread
             self._calls_started = time.perf_counter()
         self._calls += 1
-
-    @property
-    def in_call(self) -> bool:
-        """Whether a call into the vector env is in progress."""
-        return bool(self._calls)
+        self.active += 1
 
     def exit_call(self) -> None:
         """The call begun by :meth:`enter_call` ended (however)."""
         self._calls -= 1
+        self.active -= 1
         if not self._calls:
             self._call_thread = None
             self.stats.call_time += time.perf_counter() - self._calls_started
@@ -430,6 +471,12 @@ class Scheduler:
                 "thread at a time: call it from the loop's thread "
                 "(loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe)"
             )
+
+    def wake_waiters(self) -> None:
+        """Have every waiting task look at the state again (from this loop's thread)."""
+        self._wake_parked()
+        if self._pumping:
+            self.backend.interrupt()
 
     def close(self) -> None:
         """Wake every waiting task: they raise :class:`aiovec.ClosedError`. From any

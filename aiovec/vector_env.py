@@ -124,10 +124,14 @@ def _timed(method: _Method) -> _Method:
             scheduler = self._scheduler
             scheduler.enter_call()
             try:
-                return await method(self, *args, **kwargs)
-            finally:
+                result = await method(self, *args, **kwargs)
+            except BaseException:
                 scheduler.exit_call()
-                self._close_if_asked_meanwhile()
+                self._close_if_asked_meanwhile(raise_closed=False)
+                raise
+            scheduler.exit_call()
+            self._close_if_asked_meanwhile()
+            return result
 
         return cast(_Method, timed_coroutine)
 
@@ -136,10 +140,14 @@ def _timed(method: _Method) -> _Method:
         scheduler = self._scheduler
         scheduler.enter_call()
         try:
-            return method(self, *args, **kwargs)
-        finally:
+            result = method(self, *args, **kwargs)
+        except BaseException:
             scheduler.exit_call()
-            self._close_if_asked_meanwhile()
+            self._close_if_asked_meanwhile(raise_closed=False)
+            raise
+        scheduler.exit_call()
+        self._close_if_asked_meanwhile()
+        return result
 
     return cast(_Method, timed)
 
@@ -276,8 +284,9 @@ class VecEnv(SplitCalls, VectorEnv):
     _pending_dropped_quietly = False
     #: What closed the env when not the user's close() (said by later calls' ClosedError).
     _closed_by: str | None = None
-    #: close()'s arguments, when it was called while env code ran in this thread.
+    #: close()'s arguments, when it was called while this thread ran the env's code.
     _deferred_close: dict[str, Any] | None = None
+    _closing = False  # close() is running (a close() within it does nothing)
 
     def __init__(
         self,
@@ -694,40 +703,43 @@ class VecEnv(SplitCalls, VectorEnv):
         except BaseException:
             scheduler.exit_sync()
             raise
+        failed = True
         try:
             env_ids, make_step = self._step_commands(actions, None, stream=False)
             scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
-            return self._results.lockstep(env_ids, self.copy)
+            result = self._results.lockstep(env_ids, self.copy)
+            failed = False
+            return result
         except KeyboardInterrupt:
             self._close_on_ctrl_c("step")
             raise
         finally:
             scheduler.exit_call()
             scheduler.exit_sync()
-            self._close_if_asked_meanwhile()
+            self._close_if_asked_meanwhile(raise_closed=not failed)
 
-    def _close_if_asked_meanwhile(self) -> None:
-        """At the end of a call: if close() was asked for while it ran env code in this
-        thread (see :meth:`close`), close now, once the outermost call ends, and raise.
+    def _close_if_asked_meanwhile(self, raise_closed: bool = True) -> None:
+        """At the end of a call: if close() was asked for while this thread ran the
+        vector env's code (see :meth:`close`), close now that none of it runs, and raise
+        (``raise_closed``: not when the call is raising something else already).
 
         Raises:
             aiovec.ClosedError: it was.
         """
-        deferred = self._deferred_close
-        if deferred is None or self._scheduler.in_call:
+        if self._deferred_close is None or self._scheduler.active:
             return
-        self._deferred_close = None
-        self.close(**deferred)
-        raise ClosedError(
-            reason="the vector env was closed while this call ran its envs (close() from "
-            "a signal handler, or from an env's own code): it closed when they returned"
-        )
+        self._close_deferred()
+        if raise_closed:
+            raise ClosedError(
+                reason="the vector env was closed while this call ran (close() from a signal "
+                "handler, or from an env's own code): it closed when the call returned"
+            )
 
     def _close_on_ctrl_c(self, call: str) -> None:
         """A Ctrl-C landed in the blocking ``call``: close now, and say so later. Its
         workers are stopped rather than left running; envs in this process were cut
         mid-call, and their bookkeeping with them."""
-        self.close(timeout=0)
+        self._close_now({"timeout": 0})  # (the interrupted code is left: nothing runs)
         stops = "stops its workers at once" if self.num_workers else "cuts its envs mid-call"
         self._closed_by = f"a Ctrl-C (KeyboardInterrupt) during {call}(), which {stops}"
 
@@ -879,6 +891,13 @@ class VecEnv(SplitCalls, VectorEnv):
         )
         await self._wait_tickets(tickets, None)
 
+    # Gymnasium's split calls (aiovec._split_calls), as calls into the vector env: a call
+    # from a second thread meanwhile is refused, and a close() from a signal handler
+    # waits for them to return.
+    reset_async = _timed(SplitCalls.reset_async)
+    step_async = _timed(SplitCalls.step_async)
+    call_async = _timed(SplitCalls.call_async)
+
     # --- the synchronous Gymnasium API --------------------------------------------------------
 
     def reset(
@@ -1007,10 +1026,12 @@ class VecEnv(SplitCalls, VectorEnv):
             scheduler.exit_sync()
             coroutine.close()
             raise
+        failed = True
         try:
             coroutine.send(None)
         except StopIteration as finished:
             value: _T = finished.value  # what the coroutine returned
+            failed = False
             return value
         except KeyboardInterrupt:
             self._close_on_ctrl_c(_sync_name(coroutine))
@@ -1018,7 +1039,7 @@ class VecEnv(SplitCalls, VectorEnv):
         finally:
             scheduler.exit_call()
             scheduler.exit_sync()
-            self._close_if_asked_meanwhile()
+            self._close_if_asked_meanwhile(raise_closed=not failed)
         coroutine.close()
         raise AssertionError("a coroutine suspended in blocking mode")
 
@@ -1054,23 +1075,36 @@ class VecEnv(SplitCalls, VectorEnv):
             RuntimeError: a call from another thread is in progress (nothing was done:
                 a vector env belongs to one thread at a time).
         """
-        if getattr(self, "closed", True):
+        if getattr(self, "closed", True) or self._closing:  # (a close within close: done)
             return
         scheduler = self._scheduler
-        reentered = scheduler.in_call  # (in this thread: another thread's is refused next)
+        busy_here = scheduler.active  # (in this thread: another thread's is refused next)
         scheduler.enter_call()  # refused while another thread is in a call
-        if reentered and self._backend.in_env_code_here():
-            # Called from a signal handler (or an env's own code) while this thread is
-            # inside an env's call in this process: the envs cannot be closed under it.
-            # The call in progress closes the vector env when it ends (ClosedError).
-            self._deferred_close = kwargs
+        try:
+            if busy_here:
+                # Called from a signal handler (or an env's own code) while this thread
+                # runs the vector env's code, whose state must not change under it: the
+                # close happens at that call's next wait, or when it returns (each
+                # raising ClosedError); other tasks' waits do it at once.
+                self._deferred_close = kwargs
+                scheduler.close_requested = self._close_deferred
+                scheduler.wake_waiters()
+                return
+            self._close_now(kwargs)
+        finally:
             scheduler.exit_call()
-            return
+
+    def _close_deferred(self) -> None:
+        self._close_now(self._deferred_close or {})
+
+    def _close_now(self, kwargs: dict[str, Any]) -> None:
+        self._deferred_close = self._scheduler.close_requested = None
+        self._closing = True
         try:
             self.close_extras(**kwargs)
         finally:
             self.closed = True
-            scheduler.exit_call()
+            self._closing = False
 
     def __enter__(self) -> VecEnv:
         return self

@@ -596,3 +596,52 @@ except aiovec.ClosedError as exc:
     result = run_python(source, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[:2] == ["ClosedError", "True"], (result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("backend", ["process", "inline", "coroutine"])
+@pytest.mark.parametrize("calls", ["step", "step_async/step_wait", "reset", "call"])
+def test_close_from_a_signal_handler_landing_anywhere_in_a_call_is_closed_error(backend, calls):
+    """A handler's close() lands at a random point of a run of calls, aiovec's own code
+    included (assembling results, preparing a command): the call in progress ends
+    with ClosedError, never an internal error, and every env is closed once."""
+    source = f"""
+import random, signal
+from functools import partial
+import numpy as np
+import aiovec
+from tests.async_envs import AsyncCounterEnv
+from tests.envs import CounterEnv
+
+class Counted(AsyncCounterEnv if {backend!r} == "coroutine" else CounterEnv):
+    def get_count(self):
+        return self.count
+
+random.seed(7)
+outcomes = []
+for _ in range(12):
+    venv = aiovec.VecEnv([partial(Counted, i) for i in range(3)], backend={backend!r})
+    venv.reset(seed=0)
+    signal.signal(signal.SIGALRM, lambda *_: venv.close())
+    signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0005, 0.02))
+    actions = np.zeros(3, dtype=np.int64)
+    try:
+        while True:
+            if {calls!r} == "step":
+                venv.step(actions)
+            elif {calls!r} == "reset":
+                venv.reset()
+            elif {calls!r} == "call":
+                venv.call("get_count")
+            else:
+                venv.step_async(actions)
+                venv.step_wait()
+    except aiovec.ClosedError:
+        outcomes.append("ClosedError" if venv.closed else "not closed")
+    except Exception as exc:
+        outcomes.append(f"{{type(exc).__name__}}: {{exc}}")
+    signal.setitimer(signal.ITIMER_REAL, 0)
+print(sorted(set(outcomes)))
+"""
+    result = run_python(source, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['ClosedError']", (result.stdout, result.stderr)

@@ -210,11 +210,6 @@ class Backend(abc.ABC):
         loop's callbacks: another thread, or a signal handler (``close()``)."""
         self.interrupt()
 
-    def in_env_code_here(self) -> bool:
-        """Whether this thread is inside a blocking env's call in this process now (so
-        that a ``close()`` now came from a signal handler or the env's own code)."""
-        return False
-
     def steps_concurrently(self, worker: int) -> bool:
         """Whether ``worker`` runs a command's envs at once (threads, an event loop),
         rather than one after another."""
@@ -308,11 +303,6 @@ class LocalBackend(Backend):
             raise exc.info.to_exception() from None
         if not async_blocks:  # only the coroutine backend awaits what its envs return
             refuse_async_envs(self._host, "backend='inline'")
-        # Async envs' marks span their awaits: another task's close() is not inside them.
-        self._blocking_host = not async_blocks
-
-    def in_env_code_here(self) -> bool:
-        return self._blocking_host and bool(self.buffers.running.any())
 
     def attach(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]

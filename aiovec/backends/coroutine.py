@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +60,9 @@ class CoroutineBackend(LocalBackend):
         self._wakeup = Wakeup()
         self._private_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # where the runners live
+        self._loop_thread = 0  # the thread that runs it
+        #: The envs' close, scheduled on the private loop while a sync call waited on it.
+        self._pending_close: asyncio.Task[None] | None = None
 
     # --- commands -------------------------------------------------------------------------
 
@@ -79,7 +83,7 @@ class CoroutineBackend(LocalBackend):
                     "collect their results (recv) on that loop first"
                 )
             self._server.retire()  # idle on the old loop
-        self._loop = loop
+        self._loop, self._loop_thread = loop, threading.get_ident()
         # The sync API's loop only runs during calls: idle runners cannot park there.
         self._server.park = loop is not self._private_loop
         return loop
@@ -123,7 +127,21 @@ class CoroutineBackend(LocalBackend):
         if self._inbox:
             return self.poll()
         loop = self._current_loop()
-        return loop.run_until_complete(self.wait(timeout))
+        waiting = self.wait(timeout)
+        try:
+            messages = loop.run_until_complete(waiting)
+            pending, self._pending_close = self._pending_close, None
+            if pending is not None and not loop.is_closed():
+                loop.run_until_complete(pending)  # the envs' close, asked for meanwhile
+                loop.close()
+            return messages
+        except RuntimeError:
+            if not loop.is_closed():
+                raise
+            # Closed as the wait began (a signal handler's close()): the scheduler, told
+            # by an empty answer, raises ClosedError.
+            waiting.close()
+            return []
 
     # --- shutdown -------------------------------------------------------------------------
 
@@ -145,11 +163,9 @@ class CoroutineBackend(LocalBackend):
         loop = self._loop
         if loop is None or loop.is_closed() or not loop.is_running():
             return None
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        return None if running is loop else loop
+        # By thread, not by the running loop: a signal handler can run in this thread
+        # while its loop is running but not (or no longer) set as the running one.
+        return None if self._loop_thread == threading.get_ident() else loop
 
     def close(self, timeout: float) -> None:
         """Cancel what runs and close every env: awaited on this backend's loop when no
@@ -171,8 +187,12 @@ class CoroutineBackend(LocalBackend):
         except RuntimeError:
             running = None
         loop = self._loop or self._private_loop
+        if running is None and loop is not None and loop.is_running():
+            running = loop  # this thread's (see _loop_elsewhere), as a signal handler saw it
         if running is not None and timeout:
-            running.create_task(self._server.aclose(timeout))
+            scheduled = running.create_task(self._server.aclose(timeout))
+            if running is self._private_loop:  # a handler's close() during a sync call's
+                self._pending_close = scheduled  # wait: that wait runs it (wait_blocking)
         elif loop is not None and not loop.is_closed() and timeout:
             loop.run_until_complete(self._server.aclose(timeout))
         else:

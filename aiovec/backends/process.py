@@ -341,11 +341,6 @@ class ProcessBackend(Backend):
     def cancels_late_envs(self, worker: int) -> bool:
         return worker in self._async_workers
 
-    def in_env_code_here(self) -> bool:
-        # The local share's envs run in this thread (the workers' marks are theirs).
-        local = self._local
-        return local is not None and bool(self.buffers.running[local.group].any())
-
     def steps_concurrently(self, worker: int) -> bool:
         return worker in self._concurrent or worker in self._async_workers
 
