@@ -330,47 +330,33 @@ class Scheduler:
             # While this call waits (blocked in the kernel, or suspended), this thread
             # runs none of the vector env's code: a close() now may close at once.
             active, self.active = self.active, 0
-            if self.blocking:
-                try:
-                    messages = self.backend.wait_blocking(remaining)
-                finally:
-                    self.active = active
-                self._raise_if_closed()
-                self.dispatch(messages)
-                if condition():
-                    return
-                continue
-            if self._pumping:
-                try:
-                    await self._park(remaining)
-                finally:
-                    self.active = active
-                self._raise_if_closed()
-                if condition():
-                    return
-                continue
-            self._pumping = True
+            pumped = False
+            messages: list[WorkerEvent] | None = None
             try:
-                messages = await self.backend.wait(remaining)
+                if self.blocking:
+                    messages = self.backend.wait_blocking(remaining)
+                elif self._pumping:
+                    await self._park(remaining)
+                else:
+                    pumped = self._pumping = True
+                    try:
+                        messages = await self.backend.wait(remaining)
+                    finally:
+                        self._pumping = False
+                        if self._parked:  # one of them becomes the pump if it still waits
+                            self._wake_parked()
+                    if not messages and self.backend.completes_inline and not self.closed:
+                        # Nothing can arrive by itself: wait for another task to act.
+                        await self._park(remaining)
             finally:
                 self.active = active
-                self._pumping = False
-                if self._parked:  # one of them becomes the pump if it still waits
-                    self._wake_parked()
             self._raise_if_closed()
-            lag = self.backend.take_loop_lag()
-            if lag is not None:
-                self.stats.record_lag(lag)
+            if pumped:
+                lag = self.backend.take_loop_lag()
+                if lag is not None:
+                    self.stats.record_lag(lag)
             if messages:
-                self.dispatch(messages, pump=True)
-            elif self.backend.completes_inline:
-                # Nothing can arrive by itself: wait for another task to act.
-                active, self.active = self.active, 0
-                try:
-                    await self._park(remaining)
-                finally:
-                    self.active = active
-                self._raise_if_closed()
+                self.dispatch(messages, pump=pumped)
             if condition():
                 return
 
@@ -483,9 +469,7 @@ class Scheduler:
         thread, or a signal handler that ran while a loop was blocked in ``select``."""
         self.closed = True
         loops = {future.get_loop() for future in self._parked}
-        self._wake_parked()
-        if self._pumping:
-            self.backend.interrupt()
+        self.wake_waiters()
         # The loops must run those callbacks now, wherever this was called from (a blocked
         # loop would not notice them); the backend's own wait too (a blocking call's).
         self.backend.nudge()

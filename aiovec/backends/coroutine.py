@@ -16,7 +16,7 @@ from typing import Any
 
 from gymnasium.vector import AutoresetMode
 
-from aiovec._loop import new_event_loop
+from aiovec._loop import new_event_loop, run
 from aiovec._transport.protocol import EnvCommand
 from aiovec._worker.async_server import (
     CANCEL_GRACE,
@@ -238,11 +238,7 @@ def _refuse_blocking_envs(host: EnvHost | BlockHost) -> None:
     try:
         asyncio.get_running_loop().create_task(closing)
     except RuntimeError:
-        loop = new_event_loop()
-        try:
-            loop.run_until_complete(closing)
-        finally:
-            loop.close()
+        run(closing)
     raise ValueError(
         f"step_timeout cannot interrupt envs {blocking} on backend='coroutine': they are "
         "blocking envs (not aiovec.AsyncEnv), stepped on the event loop itself; use "
