@@ -1119,8 +1119,12 @@ class VecEnv(SplitCalls, VectorEnv):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """:meth:`close` from a coroutine: async envs are closed (awaited) before it returns."""
+        """:meth:`close` from a coroutine: async envs are closed (awaited) before it
+        returns, also when a :meth:`close` on this loop came first."""
         if getattr(self, "closed", True):
+            waiting = getattr(getattr(self, "_backend", None), "wait_closed", None)
+            if waiting is not None:
+                await waiting()
             return
         closing = getattr(self._backend, "aclose", None)
         if closing is None:

@@ -43,6 +43,20 @@ def shm_entries() -> set[str]:
         return set()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def sb3_logs_in_pytest_temp(tmp_path_factory):
+    """Stable-Baselines3's ``learn()`` makes a ``SB3-<date>`` folder in the system's temp
+    folder for every model it trains; the tests (and the scripts they start, which
+    inherit the environment) make theirs under pytest's temp folder instead."""
+    previous = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3-logs"))
+    yield
+    if previous is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = previous
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
     return request.param

@@ -506,3 +506,56 @@ def test_close_from_another_thread_while_the_envs_loop_idles_in_its_own(how):
     assert sorted(closed) == [0, 1]
     holder["loop"].call_soon_threadsafe(holder["loop"].stop)
     a.join(10)
+
+
+class SlowToClose(AsyncCounterEnv):
+    """Records its close, which awaits (a connection's goodbye) before it is done."""
+
+    closed_indices: list[int] = []
+
+    async def close(self):
+        await asyncio.sleep(0.02)
+        await asyncio.sleep(0)
+        SlowToClose.closed_indices.append(self.env_index)
+
+
+@pytest.mark.parametrize("where", ["end of main", "callback during recv"])
+def test_a_sync_close_on_the_running_loop_closes_every_env_before_asyncio_run_returns(where):
+    """close() (not aclose()) inside asyncio.run(): the async envs' close, scheduled on
+    the running loop, still runs to its end, though asyncio.run() cancels every task it
+    finds on the way out (0 of the envs were closed: a handler's or a callback's close
+    while recv() waited, or a close() just before main returned)."""
+    SlowToClose.closed_indices = []
+
+    async def main() -> None:
+        envs = aiovec.VecEnv(
+            [
+                partial(SlowToClose, i, delay=0.0 if where == "end of main" else 0.3)
+                for i in range(4)
+            ],
+            backend="coroutine",
+        )
+        await envs.areset(seed=0)
+        if where == "end of main":
+            envs.send(np.zeros(4, dtype=np.int64))
+            await envs.recv(min_envs=4)
+            envs.close()
+            return
+        envs.send(np.zeros(4, dtype=np.int64)[:2], [0, 1])
+        asyncio.get_running_loop().call_later(0.01, envs.close)
+        with pytest.raises(aiovec.ClosedError):
+            await envs.recv(min_envs=4)
+
+    asyncio.run(main())
+    assert sorted(SlowToClose.closed_indices) == [0, 1, 2, 3]
+
+
+async def test_aclose_after_a_sync_close_awaits_the_envs_close():
+    """close() on a running loop schedules the envs' close; an aclose() after it waits
+    for that close to end (it returned at once, the envs still open)."""
+    SlowToClose.closed_indices = []
+    envs = aiovec.VecEnv([partial(SlowToClose, i) for i in range(3)], backend="coroutine")
+    await envs.areset(seed=0)
+    envs.close()
+    await envs.aclose()
+    assert sorted(SlowToClose.closed_indices) == [0, 1, 2]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, cast
 
 from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
@@ -84,10 +85,13 @@ class AsyncEnvServer:
         self._parked.clear()
         return runners
 
-    async def aclose(self, timeout: float | None = None) -> None:
+    async def aclose(
+        self, timeout: float | None = None, despite_cancellation: bool = False
+    ) -> None:
         """Cancel every runner, then close every env, awaiting async ``close`` methods
-        for up to ``timeout`` seconds. Errors of envs that fail to close are ignored."""
-        await close_after(self.retire(), self.host.envs.values(), timeout)
+        for up to ``timeout`` seconds. Errors of envs that fail to close are ignored.
+        ``despite_cancellation``: as :func:`close_after`."""
+        await close_after(self.retire(), self.host.envs.values(), timeout, despite_cancellation)
 
     async def _run(self, env_id: int, loop: asyncio.AbstractEventLoop) -> None:
         queue = self._queues[env_id]
@@ -281,10 +285,13 @@ class AsyncBlockServer:
         self.runners.clear()
         return runners
 
-    async def aclose(self, timeout: float | None = None) -> None:
+    async def aclose(
+        self, timeout: float | None = None, despite_cancellation: bool = False
+    ) -> None:
         """Cancel every runner, then close every block (awaiting async ``close``
-        methods for up to ``timeout`` seconds); errors while closing are ignored."""
-        await close_after(self.retire(), self.host.envs.values(), timeout)
+        methods for up to ``timeout`` seconds); errors while closing are ignored.
+        ``despite_cancellation``: as :func:`close_after`."""
+        await close_after(self.retire(), self.host.envs.values(), timeout, despite_cancellation)
 
     async def _run(self, first_row: int) -> None:
         queue = self._queues[first_row]
@@ -334,28 +341,51 @@ class AsyncBlockServer:
 
 
 async def close_after(
-    runners: list[asyncio.Task[None]], envs: Iterable[Any], timeout: float | None
+    runners: list[asyncio.Task[None]],
+    envs: Iterable[Any],
+    timeout: float | None,
+    despite_cancellation: bool = False,
 ) -> None:
     """Wait for the cancelled ``runners`` to end, then close every env (or batched
     env), awaiting async ``close`` methods, all within about ``timeout`` seconds each.
-    Errors of envs that fail to close are ignored: closing must finish."""
+    Errors of envs that fail to close are ignored: closing must finish.
+
+    ``despite_cancellation``: a cancellation of the task running this is put off until
+    every env's close has ended (or its ``timeout``), then raised. For a close nobody
+    awaits (scheduled by a synchronous ``close()`` on a running loop), which
+    ``asyncio.run()`` would otherwise cancel on its way out, before any env closed."""
+    cancelled = False
+
+    async def wait(tasks: Sequence[asyncio.Future[Any]]) -> set[asyncio.Future[Any]]:
+        """The tasks still running after ``timeout``."""
+        nonlocal cancelled
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return (await asyncio.wait(tasks, timeout=left))[1]
+            except asyncio.CancelledError:
+                if not despite_cancellation:
+                    raise
+                cancelled = True
+                current = asyncio.current_task()
+                if current is not None and hasattr(current, "uncancel"):  # 3.11+
+                    current.uncancel()
+
     if runners:  # an env that swallows its cancellation is abandoned at the timeout
-        await asyncio.wait(runners, timeout=timeout)
-    closes: list[Awaitable[Any]] = []
-    for env in envs:
-        try:
-            result: Any = env.close()  # async envs return an awaitable
-        except call_errors():
-            continue
-        if inspect.isawaitable(result):
-            closes.append(result)
-    if closes:
+        await wait(runners)
+    closing = _start_closing(envs)
+    if closing:
         # Not wait_for: on timeout it waits for the cancelled closes to end, and a close
         # that ignores its cancellation would hold aclose() for as long as it likes.
-        tasks = [asyncio.ensure_future(close) for close in closes]
-        for task in tasks:
-            task.add_done_callback(_forget_outcome)
-        _, late = await asyncio.wait(tasks, timeout=timeout)
+        late = await wait(list(closing))
+        if despite_cancellation:
+            # asyncio.run() cancels every task it finds on its way out, these closes too:
+            # closes interrupted so run again (Env.close may be called more than once),
+            # as tasks that came after its sweep.
+            interrupted = [env for task, env in closing.items() if task.cancelled()]
+            if interrupted and (again := _start_closing(interrupted)):
+                late |= await wait(list(again))
         for task in late:  # abandoned: cancelled, and nobody waits for them to end
             task.cancel()
             # Said once, here, in aiovec's words: not again as asyncio's "Task was
@@ -369,6 +399,24 @@ async def close_after(
                 len(late),
                 timeout,
             )
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+def _start_closing(envs: Iterable[Any]) -> dict[asyncio.Future[Any], Any]:
+    """Call every env's ``close``; the tasks awaiting those that are async, with their env.
+    Errors of envs that fail to close are ignored."""
+    closing: dict[asyncio.Future[Any], Any] = {}
+    for env in envs:
+        try:
+            result: Any = env.close()  # async envs return an awaitable
+        except call_errors():
+            continue
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            task.add_done_callback(_forget_outcome)
+            closing[task] = env
+    return closing
 
 
 def _runner(

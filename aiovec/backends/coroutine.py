@@ -61,8 +61,9 @@ class CoroutineBackend(LocalBackend):
         self._private_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # where the runners live
         self._loop_thread = 0  # the thread that runs it
-        #: The envs' close, scheduled on the private loop while a sync call waited on it.
-        self._pending_close: asyncio.Task[None] | None = None
+        #: The envs' close that close() scheduled on a running loop (the caller's, or the
+        #: private one while a sync call waited on it: that wait runs it to its end).
+        self._scheduled_close: asyncio.Task[None] | None = None
 
     # --- commands -------------------------------------------------------------------------
 
@@ -130,9 +131,10 @@ class CoroutineBackend(LocalBackend):
         waiting = self.wait(timeout)
         try:
             messages = loop.run_until_complete(waiting)
-            pending, self._pending_close = self._pending_close, None
-            if pending is not None and not loop.is_closed():
-                loop.run_until_complete(pending)  # the envs' close, asked for meanwhile
+            scheduled = self._scheduled_close
+            if scheduled is not None and scheduled.get_loop() is loop and not loop.is_closed():
+                self._scheduled_close = None
+                loop.run_until_complete(scheduled)  # the envs' close, asked for meanwhile
                 loop.close()
             return messages
         except RuntimeError:
@@ -156,6 +158,13 @@ class CoroutineBackend(LocalBackend):
             await self._server.aclose(timeout)
         if self._private_loop is not None:
             self._private_loop.close()
+
+    async def wait_closed(self) -> None:
+        """Return once the envs' close that :meth:`close` scheduled on this running loop
+        (if any) has ended."""
+        scheduled = self._scheduled_close
+        if scheduled is not None and scheduled.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait([scheduled])  # its outcome is its own (a cancellation)
 
     def _loop_elsewhere(self) -> asyncio.AbstractEventLoop | None:
         """The envs' loop when it runs in another thread than this (where only it may
@@ -190,9 +199,11 @@ class CoroutineBackend(LocalBackend):
         if running is None and loop is not None and loop.is_running():
             running = loop  # this thread's (see _loop_elsewhere), as a signal handler saw it
         if running is not None and timeout:
-            scheduled = running.create_task(self._server.aclose(timeout))
-            if running is self._private_loop:  # a handler's close() during a sync call's
-                self._pending_close = scheduled  # wait: that wait runs it (wait_blocking)
+            # Nobody awaits it (but wait_closed): it ends even if asyncio.run() cancels it
+            # on its way out, which it does to every task left on the loop.
+            self._scheduled_close = running.create_task(
+                self._server.aclose(timeout, despite_cancellation=True)
+            )
         elif loop is not None and not loop.is_closed() and timeout:
             loop.run_until_complete(self._server.aclose(timeout))
         else:
