@@ -5,8 +5,9 @@ its step time and the share of that time spent on the CPU:
 
 - cheap envs, where the whole batch steps faster in this process than one
   cross-process round trip costs, run inline (IPC cannot pay for itself);
-- envs that mostly wait (sleep, IO) get one worker per env, up to a cap, because
-  waiting costs no core;
+- envs that mostly wait (sleep, IO) get a worker per core, each stepping its envs
+  concurrently in threads (one worker per env, up to a cap, when restarts or step
+  timeouts are asked for, so that one env's failure restarts it alone);
 - async envs (:class:`aiovec.AsyncEnv`) run as coroutines on the event loop, or, by
   the thousands on a machine with several cores, on one event loop per core in
   worker processes (one loop saturates its core well before 10,000 envs);
@@ -127,7 +128,13 @@ def choose_backend(
     except Exception:
         return {"backend": "process"}
     if probe.mostly_waits:
-        return {"backend": "process", "num_workers": min(num_envs, MAX_WAITING_WORKERS)}
+        if isolate:  # a crash or a timeout restarts that env alone
+            return {"backend": "process", "num_workers": min(num_envs, MAX_WAITING_WORKERS)}
+        # A worker per core, each stepping its envs in threads once it finds them
+        # waiting (concurrent_envs): W3, 16 and 64 envs sleeping 2 ms on average, 2
+        # cores, first-ready one at a time: 1.1x and 1.8x the rate of a worker per env,
+        # lockstep 1.0x and 1.2x, in 2 processes instead of 16 or 64.
+        return {"backend": "process", "num_workers": min(cores, num_envs)}
     step_time = probe.step_time
     if isolate:
         return {"backend": "process", "num_workers": min(cores, num_envs)}

@@ -82,8 +82,9 @@ def make(
             dict (per-env parameters, e.g. domain randomization).
         wrappers: ``gymnasium.Wrapper`` classes (or callables) applied to each env, in order.
         backend: ``"auto"`` (default) probes one env in a child process for a few
-            milliseconds and picks ``"inline"`` for envs too cheap to pay for IPC, one
-            worker per env for envs that mostly wait, ``cores - 1`` workers plus a
+            milliseconds and picks ``"inline"`` for envs too cheap to pay for IPC, a
+            worker per core stepping its envs in threads for envs that mostly wait (a
+            worker per env with restarts or step timeouts), ``cores - 1`` workers plus a
             share stepped in this process for cheap CPU-bound envs, and one worker per
             core for dearer ones (see ``venv.backend`` / ``venv.num_workers`` /
             ``venv.inline_envs`` for the choice). Or name the backend (``"process"``,
