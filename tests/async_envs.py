@@ -122,3 +122,33 @@ async def _ignore_cancellation(seconds: float) -> None:
             await asyncio.sleep(deadline - time.monotonic())
         except asyncio.CancelledError:
             continue
+
+
+class RecoveryHangsEnv(AsyncCounterEnv):
+    """Env 1 fails its second step; its recovery then hangs once: ``hang="reset"``, the
+    first replacement's reset never returns; ``hang="close"``, the failed env's close
+    never returns. Later builds work (builds counted per process)."""
+
+    builds = 0
+
+    def __init__(self, env_index: int = 0, hang: str = "reset") -> None:
+        super().__init__(env_index)
+        self.hang = hang
+        if env_index == 1:
+            RecoveryHangsEnv.builds += 1
+        self.build = RecoveryHangsEnv.builds if env_index == 1 else 0
+
+    async def reset(self, *, seed=None, options=None):
+        if self.hang == "reset" and self.build == 2:
+            await asyncio.sleep(3600)
+        return await super().reset(seed=seed, options=options)
+
+    async def step(self, action):
+        if self.build == 1 and self.steps_since_built == 1:
+            raise RuntimeError(f"simulator {self.env_index} diverged")
+        return await super().step(action)
+
+    async def close(self):
+        if self.hang == "close" and self.build == 1:
+            await asyncio.sleep(3600)
+        await super().close()

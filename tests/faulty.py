@@ -250,3 +250,30 @@ class RebuiltSlowlyEnv(CounterEnv):
         if self.steps == self.crash_at:
             os._exit(3)
         return super().step(action)
+
+
+class FlakyResetAfterRebuildEnv(CounterEnv):
+    """Built ``builds`` times so far (counted across processes in ``ledger``, a file):
+    the first build fails its step ``at_step``; the next ``failing_resets`` builds fail
+    their first reset (a simulator still coming back up); later builds work."""
+
+    def __init__(
+        self, env_index: int = 0, ledger: str = "", failing_resets: int = 1, at_step: int = 2
+    ):
+        super().__init__(env_index)
+        with open(ledger, "a+") as handle:
+            handle.seek(0)
+            self.build = len(handle.read())
+            handle.write("x")
+        self.failing_resets, self.at_step, self.steps = failing_resets, at_step, 0
+
+    def reset(self, *, seed=None, options=None):
+        if 1 <= self.build <= self.failing_resets:
+            raise ConnectionError(f"simulator {self.env_index} is still starting")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.steps += 1
+        if self.build == 0 and self.steps == self.at_step:
+            raise RuntimeError(f"simulator {self.env_index} diverged")
+        return super().step(action)

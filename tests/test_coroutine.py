@@ -559,3 +559,36 @@ async def test_aclose_after_a_sync_close_awaits_the_envs_close():
     envs.close()
     await envs.aclose()
     assert sorted(SlowToClose.closed_indices) == [0, 1, 2]
+
+
+class ResetFailsAfterRebuild(AsyncCounterEnv):
+    """Env 1's first build fails its second step; its next two builds fail their reset."""
+
+    builds = 0
+
+    def __init__(self, env_index: int = 0) -> None:
+        super().__init__(env_index)
+        if env_index == 1:
+            ResetFailsAfterRebuild.builds += 1
+        self.build = ResetFailsAfterRebuild.builds if env_index == 1 else 0
+
+    async def reset(self, *, seed=None, options=None):
+        if self.build in (2, 3):
+            raise ConnectionError("simulator 1 is still starting")
+        return await super().reset(seed=seed, options=options)
+
+    async def step(self, action):
+        if self.build == 1 and self.steps_since_built == 1:
+            raise RuntimeError("simulator 1 diverged")
+        return await super().step(action)
+
+
+def test_a_rebuilt_async_env_whose_reset_fails_is_rebuilt_again_within_max_restarts():
+    ResetFailsAfterRebuild.builds = 0
+    env_fns = [partial(ResetFailsAfterRebuild, i) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend="coroutine", on_failure="restart", max_restarts=3) as venv:
+        venv.reset(seed=0)
+        venv.step(np.zeros(2, dtype=np.int64))
+        _, _, _, truncations, infos = venv.step(np.zeros(2, dtype=np.int64))
+        assert truncations[1] and infos["restarted"][1]
+        assert ResetFailsAfterRebuild.builds == 4

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 import aiovec
 from tests.conftest import worker_processes
 from tests.envs import CounterEnv
-from tests.faulty import FaultyEnv, FlakyFactoryEnv
+from tests.faulty import FaultyEnv, FlakyFactoryEnv, FlakyResetAfterRebuildEnv
 from tests.helpers import Heartbeat
 
 BOUND = 30
@@ -176,3 +177,31 @@ def test_closing_while_a_restarted_worker_waits_for_its_buffers_is_quiet(capfd):
         venv.close()
     time.sleep(0.2)
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("failing_resets", [1, 2, 3])
+def test_a_rebuilt_env_whose_reset_fails_is_rebuilt_again_within_max_restarts(
+    tmp_path, backend, failing_resets
+):
+    """The env fails a step; its replacement (and the next) fail their first reset: each
+    failure counts against max_restarts=3 and the env is rebuilt again (the first
+    replacement's reset error was raised at once, as if it were the step's)."""
+    ledger = str(tmp_path / "builds")
+    env_fns = [
+        partial(CounterEnv, 0),
+        partial(FlakyResetAfterRebuildEnv, 1, ledger, failing_resets=failing_resets),
+    ]
+    with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart", max_restarts=3) as venv:
+        venv.reset(seed=0)
+        venv.step([0, 0])
+        if failing_resets < 3:  # 1 step failure + that many reset failures <= 3
+            _, _, _, truncations, infos = venv.step([0, 0])
+            assert truncations[1] and infos["restarted"][1]
+            assert "RuntimeError: simulator 1 diverged" in infos["restart_reason"][1]
+            assert len(Path(ledger).read_text()) == 2 + failing_resets
+            venv.step([0, 0])  # (NEXT_STEP autoreset of the truncated episode)
+            observations, *_ = venv.step([0, 0])  # the rebuilt env steps on
+            assert observations[1].tolist() == [1, 1]
+        else:  # the fourth failure in a row is reported
+            with pytest.raises(ConnectionError, match="still starting"):
+                venv.step([0, 0])

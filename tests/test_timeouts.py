@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import aiovec
-from tests.async_envs import AsyncCounterEnv, StubbornAsyncEnv
+from tests.async_envs import AsyncCounterEnv, RecoveryHangsEnv, StubbornAsyncEnv
 from tests.conftest import pid_alive, worker_pids
 from tests.envs import CounterEnv
 from tests.faulty import FaultyEnv
@@ -383,3 +383,51 @@ def test_step_timeout_with_blocking_envs_on_the_coroutine_backend_is_refused():
     assert sorted(closed) == [0, 1]  # every env built was closed, the async one awaited
     # async envs alone: their late commands are cancelled, as documented
     aiovec.VecEnv(env_fns[:1], backend="coroutine", step_timeout=0.5).close()
+
+
+@pytest.mark.parametrize("hang", ["reset", "close"])
+@pytest.mark.parametrize(
+    "options", [{"backend": "coroutine"}, {"backend": "process", "num_workers": 1}]
+)
+async def test_a_restart_that_hangs_is_bounded_by_step_timeout_and_tried_again(hang, options):
+    """An async env fails a step and is rebuilt; that recovery hangs (the replacement's
+    reset, or the failed env's close): step_timeout bounds it, it counts as a failure
+    in a row, and the env is rebuilt again (the step waited forever)."""
+    RecoveryHangsEnv.builds = 0  # (counted per process: the coroutine backend's is this one)
+    env_fns = [partial(RecoveryHangsEnv, i, hang=hang) for i in range(2)]
+    async with aiovec.VecEnv(
+        env_fns,
+        step_timeout=0.5,
+        on_failure="restart",
+        max_restarts=3,
+        close_timeout=0.5,
+        **options,
+    ) as venv:
+        await venv.areset(seed=0)
+        await venv.astep([0, 0])
+        _, _, _, truncations, infos = await asyncio.wait_for(venv.astep([0, 0]), BOUND)
+        assert truncations.tolist() == [False, True] and infos["restarted"][1]
+        assert "simulator 1 diverged" in infos["restart_reason"][1]
+        await asyncio.wait_for(venv.astep([0, 0]), BOUND)  # and it steps on
+
+
+async def test_a_restart_that_keeps_hanging_ends_in_the_step_timeout_error():
+    """Every replacement's reset hangs: after max_restarts attempts, the step fails with
+    StepTimeoutError naming the env (it waited forever)."""
+
+    class AlwaysHangs(RecoveryHangsEnv):
+        async def reset(self, *, seed=None, options=None):
+            if self.build >= 2:
+                await asyncio.sleep(3600)
+            return await AsyncCounterEnv.reset(self, seed=seed, options=options)
+
+    RecoveryHangsEnv.builds = 0
+    env_fns = [partial(AlwaysHangs, i) for i in range(2)]
+    async with aiovec.VecEnv(
+        env_fns, backend="coroutine", step_timeout=0.3, on_failure="restart", max_restarts=2
+    ) as venv:
+        await venv.areset(seed=0)
+        await venv.astep([0, 0])
+        with pytest.raises(aiovec.StepTimeoutError) as caught:
+            await asyncio.wait_for(venv.astep([0, 0]), BOUND)
+        assert caught.value.timed_out == [1]

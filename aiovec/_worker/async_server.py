@@ -182,11 +182,39 @@ class AsyncEnvServer:
         timeout = cast(float, self._step_timeout)  # only late with a step_timeout
         late = StepTimeoutError(None, [env_id], [env_id], timeout)
         if type(command) is Step:
-            self._step_done(command.seq, await self.host.recover_async(env_id, late), loop)
+            self._step_done(command.seq, await self._recover_in_time(env_id, late), loop)
         else:
             operation = type(command).__name__.lower()
             failed = Reply(command.seq, [env_id], errors=[error_info(env_id, operation, late)])
             self._part_done(command, position, failed)
+
+    async def _recover_in_time(self, env_id: int, error: BaseException) -> StepOutcome:
+        """The host's recovery of env ``env_id`` from ``error`` (the restart policy), each
+        attempt (closing the env, building and resetting its replacement) bounded by
+        ``step_timeout``: an attempt late in turn is a failure in a row of its own, its
+        env abandoned (closed in the background, not awaited), until the policy gives up."""
+        timeout = cast(float, self._step_timeout)  # only late with a step_timeout
+        while True:
+            recovery = asyncio.ensure_future(self.host.recover_async(env_id, error))
+            try:
+                done, _ = await asyncio.wait([recovery], timeout=timeout)
+            except asyncio.CancelledError:  # shutting down
+                recovery.cancel()
+                raise
+            if done:
+                return recovery.result()
+            recovery.cancel()
+            ended, _ = await asyncio.wait([recovery], timeout=CANCEL_GRACE)
+            error = StepTimeoutError(None, [env_id], [env_id], timeout)
+            abandoned = self.host.abandon(env_id, error)
+            try:
+                closing = abandoned.close()  # an async env's close: not waited for
+            except call_errors():
+                closing = None
+            if inspect.isawaitable(closing):
+                asyncio.ensure_future(closing).add_done_callback(_forget_outcome)
+            if not ended:  # it ignores its cancellation: no attempt may race with it
+                return StepOutcome(env_id, None, error_info(env_id, "step", error), False)
 
     def _expire(
         self, env_id: int, runner: asyncio.Task[None], loop: asyncio.AbstractEventLoop

@@ -380,6 +380,7 @@ class EnvHost(HostState):
         self._max_restarts = max_restarts if env_fns else 0
         self._failures_in_a_row = dict.fromkeys(envs, 0)
         self._restart_notices: dict[int, str] = {}  # env id -> why it was rebuilt
+        self._recovering: dict[int, str] = {}  # env id -> why, while being rebuilt
         self._observation_space = next(iter(envs.values())).observation_space
         self._needs_reset = dict.fromkeys(envs, False)
         super().__init__(self._observation_space)
@@ -723,6 +724,14 @@ class EnvHost(HostState):
             dict.fromkeys(self.envs if env_ids is None else env_ids, reason)
         )
 
+    def abandon(self, env_id: int, error: BaseException) -> Any:
+        """Take env ``env_id`` out (its recovery did not end in time) and return it; a
+        stand-in that raises ``error`` on use, and whose close does nothing, takes its
+        place until the env is rebuilt."""
+        env = self.envs[env_id]
+        self.envs[env_id] = cast(gym.Env, _Unbuilt(error))
+        return env
+
     def rebuild(self, env_id: int) -> Any:
         """A new env from env ``env_id``'s factory (the caller installs it)."""
         return self._env_fns[env_id]()
@@ -742,23 +751,34 @@ class EnvHost(HostState):
         ``exc`` when restarting is off or the env keeps failing."""
         self._failures_in_a_row[env_id] += 1
         if self._failures_in_a_row[env_id] > self._max_restarts:
+            self._recovering.pop(env_id, None)
             raise exc
-        try:
-            yield _CLOSE
-        except env_errors():
-            pass  # a broken env may fail to close too
-        while True:
+        # An attempt cut short (by step_timeout) is tried again: the restart's reason
+        # stays the failure that began it.
+        reason = self._recovering.setdefault(env_id, failure_reason(exc))
+        while True:  # each failed attempt (a build, or the new env's reset) counts
+            try:
+                yield _CLOSE
+            except env_errors():
+                pass  # a broken env may fail to close too
             try:
                 self.envs[env_id] = self.rebuild(env_id)
-                break
             except call_errors() as rebuild_error:
                 failure = as_env_error(rebuild_error)
                 # Never leave the closed env installed: the next command must not step it.
                 self.envs[env_id] = cast(gym.Env, _Unbuilt(failure))  # raises on use
-                self._failures_in_a_row[env_id] += 1
-                if self._failures_in_a_row[env_id] > self._max_restarts:
-                    raise failure from failure.__cause__  # as raised (and unwrapped) there
-        return (yield from self._restarted_flow(env_id, failure_reason(exc)))
+            else:
+                try:
+                    info = yield from self._restarted_flow(env_id, reason)
+                except env_errors() as reset_error:  # thrown in by the driver
+                    failure = reset_error
+                else:
+                    del self._recovering[env_id]
+                    return info
+            self._failures_in_a_row[env_id] += 1
+            if self._failures_in_a_row[env_id] > self._max_restarts:
+                del self._recovering[env_id]
+                raise failure from failure.__cause__  # as raised (and unwrapped) there
 
     def _restarted_flow(self, env_id: int, reason: str) -> Flow:
         observation, info = yield _RESET
