@@ -87,7 +87,13 @@ def resolve_env_ids(env_ids: Any, num_envs: int) -> list[int]:
             raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
         ids = env_ids.tolist()
     else:
-        ids = list(env_ids)
+        try:
+            ids = list(env_ids)
+        except TypeError:  # a lone int, say: not "'int' object is not iterable"
+            raise TypeError(
+                f"env_ids must be a 1-D sequence of ints, got {env_ids!r} "
+                f"(for one env: [{env_ids!r}])"
+            ) from None
         if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
             raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
         ids = [int(i) for i in ids]

@@ -277,3 +277,23 @@ class FlakyResetAfterRebuildEnv(CounterEnv):
         if self.build == 0 and self.steps == self.at_step:
             raise RuntimeError(f"simulator {self.env_index} diverged")
         return super().step(action)
+
+
+class WatchdogEnv(CounterEnv):
+    """Env ``armed`` arms a SIGALRM watchdog in its step and disarms it too late: its
+    handler raises while the worker waits for its next command, outside any env call."""
+
+    def __init__(self, env_index: int = 0, armed: int = 1) -> None:
+        super().__init__(env_index)
+        self.armed = armed
+        if env_index == armed:  # (built in the worker's main thread, where handlers run)
+
+            def on_alarm(*_):
+                raise TimeoutError("simulator watchdog fired")
+
+            signal.signal(signal.SIGALRM, on_alarm)
+
+    def step(self, action):
+        if self.env_index == self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+        return super().step(action)

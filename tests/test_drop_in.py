@@ -592,6 +592,26 @@ def test_a_factory_returning_no_env_is_refused_naming_what_it_returned(made, nam
         aiovec.VecEnv([made, made], backend="inline")
 
 
+def test_an_env_without_spaces_is_refused_naming_them(backend):
+    """A gymnasium.Env subclass that never sets its spaces: a TypeError naming them,
+    raised for building the env (it named an "unpickle" that never happened)."""
+    import gymnasium as gym
+
+    import aiovec
+
+    class _NoSpaces(gym.Env):
+        def reset(self, *, seed=None, options=None):
+            return 0, {}
+
+        def step(self, action):
+            return 0, 0.0, False, False, {}
+
+    with pytest.raises(
+        aiovec.EnvError, match=r"in make\(\).*_NoSpaces has no observation_space, action_space"
+    ):
+        aiovec.VecEnv([_NoSpaces, _NoSpaces], backend=backend)
+
+
 def test_a_factory_returning_a_vector_env_is_pointed_to_batched_envs():
     import gymnasium as gym
 

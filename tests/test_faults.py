@@ -28,6 +28,7 @@ from tests.faulty import (
     FailingConstructorEnv,
     FaultyEnv,
     GeneratorExitAsyncEnv,
+    WatchdogEnv,
 )
 from tests.helpers import random_traffic, start_agent, workers
 
@@ -837,3 +838,25 @@ def test_a_crash_of_a_worker_stepping_its_envs_in_threads_names_the_env_among_th
             venv.step(np.zeros(4, dtype=np.int64))
     assert 2 in caught.value.running_env_ids
     assert set(caught.value.running_env_ids) <= {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("concurrent_envs", [False, True], ids=["in-turn", "threads"])
+def test_a_worker_killed_by_an_error_outside_any_env_call_says_what_it_was(
+    concurrent_envs, no_leaks
+):
+    """An env's own signal handler raises while its worker waits for the next command
+    (no env call to blame): the WorkerCrashedError carries that exception and the
+    worker's traceback (it said only "died (exit code 1)", the traceback on the
+    worker's stderr)."""
+    env_fns = [partial(WatchdogEnv, i, armed=1) for i in range(2)]
+    with aiovec.VecEnv(env_fns, num_workers=2, concurrent_envs=concurrent_envs) as venv:
+        venv.reset(seed=0)
+        venv.step([0, 0])
+        time.sleep(0.3)  # the watchdog fires in the idle worker of env 1
+        with pytest.raises(aiovec.WorkerCrashedError) as caught:
+            venv.step([0, 0])
+    message = str(caught.value)
+    assert caught.value.env_ids == [1]
+    assert "TimeoutError: simulator watchdog fired" in message
+    assert "outside any env's call" in message
+    assert "on_alarm" in message  # the worker's traceback

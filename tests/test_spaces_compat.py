@@ -599,6 +599,8 @@ async def test_sending_to_one_env_is_refused_as_sending_to_several(backend):
             (ValueError, "outside 0..1", np.array([0]), np.array([-1])),
             (TypeError, "sequence of ints", np.array([0]), [True]),
             (TypeError, "sequence of ints", np.array([0]), np.array([0.0])),
+            (TypeError, "sequence of ints, got 1", np.array([0]), 1),  # (not "not iterable")
+            (TypeError, "sequence of ints", np.array([0]), np.int64(1)),
             (ValueError, "outside", np.array([3]), [0]),
             (ValueError, "expected shape", np.array([[0, 1]]), [0]),
         ]

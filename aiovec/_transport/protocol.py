@@ -197,8 +197,16 @@ class Threads(msgspec.Struct, array_like=True, tag=True):
     it."""
 
 
-#: What a worker sends its agent: a reply, its first message, or that it serves by threads.
-WorkerMessage = Union[Reply, Hello, Threads]
+class LastWords(msgspec.Struct, array_like=True, tag=True):
+    """A worker is dying of an exception raised outside any env's call (an env's signal
+    handler, a bug): what it was, with the worker's traceback."""
+
+    text: str
+
+
+#: What a worker sends its agent: a reply, its first message, that it serves by threads,
+#: or why it is dying.
+WorkerMessage = Union[Reply, Hello, Threads, LastWords]
 
 # --- encoding of arbitrary values -----------------------------------------------------------
 

@@ -224,12 +224,18 @@ def check_env_type(env: Any) -> None:
             "VecEnv(..., envs_per_block=k)"
         )
     missing = [name for name in _ENV_API if not hasattr(env, name)]
-    if missing and not isinstance(env, (gym.Env, AsyncEnv)):
+    if not missing:
+        return
+    if not isinstance(env, (gym.Env, AsyncEnv)):
         raise TypeError(
             f"the env factory returned {type(env).__name__}, not a gymnasium.Env (or "
             f"aiovec.AsyncEnv), nor an object with the env API (it has no "
             f"{', '.join(missing)}); it must be a callable that creates one env"
         )
+    raise TypeError(  # an env class that never set its spaces
+        f"the env {type(env).__name__} has no {', '.join(missing)}: an env sets its "
+        "observation_space and action_space (in __init__, or as class attributes)"
+    )
 
 
 def checked_info(info: Any) -> Any:

@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -42,6 +43,7 @@ from aiovec._transport.memory import SharedRegion
 from aiovec._transport.protocol import (
     Close,
     Hello,
+    LastWords,
     Reply,
     Step,
     Threads,
@@ -196,6 +198,23 @@ def worker_main(
         pass  # a normal end: what its envs' close() left running is left alone
     except (EOFError, ConnectionError):  # the agent is gone: there is nobody to report to
         _end_with_agent()
+    except BaseException as exc:  # not an env call's (those are its env's errors): say so
+        _say_last_words(connection, exc)
+        raise
+
+
+def _say_last_words(connection: Channel, exc: BaseException) -> None:
+    """Tell the agent what is ending this worker (its crash error then says it): an
+    exception raised outside any env's call, which no env's error reports."""
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    text = (
+        f"its main thread raised {type(exc).__name__}: {exc} outside any env's call (an "
+        f"env's signal handler, say); the worker's traceback:\n{trace}"
+    )
+    try:
+        connection.send(encode(LastWords(text)), timeout=1.0)
+    except Exception:  # the agent is gone or does not read: the traceback is on stderr
+        pass
 
 
 def _layout(frame: bytes) -> Any:

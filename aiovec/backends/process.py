@@ -35,6 +35,7 @@ from aiovec._transport.protocol import (
     EnvCommand,
     ErrorInfo,
     Hello,
+    LastWords,
     Step,
     Threads,
     compact_step,
@@ -193,6 +194,7 @@ class ProcessBackend(Backend):
         # Restarted workers that have not said hello yet: (deadline, commands waiting).
         self._starting: dict[int, tuple[float, list[Any]]] = {}
         self._start_errors: dict[int, Exception] = {}  # why a start failed, until its exit
+        self._last_words: dict[int, str] = {}  # why a worker is dying, until its exit
         self._ready_since: dict[int, float] = {}
         # Env lines (aiovec._transport.lines), for workers of several blocking envs that
         # may step them in threads: worker -> env id -> the agent's end of its line.
@@ -323,12 +325,11 @@ class ProcessBackend(Backend):
                 try:
                     hello = decode_message(connection.receive())
                 except (EOFError, OSError):
+                    hello = LastWords(self._startup_hint)
+                if isinstance(hello, LastWords):  # it died (saying why, or not)
                     self._processes[worker].join(1.0)
                     raise WorkerCrashedError(
-                        worker,
-                        self.groups[worker],
-                        self._processes[worker].exitcode,
-                        self._startup_hint,
+                        worker, self.groups[worker], self._processes[worker].exitcode, hello.text
                     ) from None
                 assert isinstance(hello, Hello)
                 if hello.error is not None:
@@ -616,10 +617,13 @@ class ProcessBackend(Backend):
     def _drain(self, worker: int, connection: Channel) -> None:
         controls = self._controls[worker]
         for frame in connection.receive_ready():
-            if worker in self._starting:
-                self._started(worker, decode_message(frame))
-                continue
             message = decode_message(frame)
+            if type(message) is LastWords:  # why it is about to die (see _on_exit)
+                self._last_words[worker] = message.text
+                continue
+            if worker in self._starting:
+                self._started(worker, message)
+                continue
             if type(message) is Threads:  # its envs now step in threads of their own,
                 self._concurrent.add(worker)
                 # ...from now: what was queued in it while it stepped them in turn
@@ -654,6 +658,9 @@ class ProcessBackend(Backend):
         process = self._processes[worker]
         process.join(1.0)
         hint = STARTUP_HINT if self._starting.pop(worker, None) is not None else ""
+        last_words = self._last_words.pop(worker, None)
+        if last_words is not None:
+            hint = f"{last_words}; {hint}" if hint else last_words
         error = self._start_errors.pop(worker, None)
         running = tuple(self._marked_running(worker))  # which env it was in when it died
         if running:
