@@ -145,6 +145,28 @@ def test_an_argument_the_worker_cannot_unpickle_is_the_callers_error(monkeypatch
         assert venv.worker_restarts == (0, 0)
 
 
+def test_a_per_env_value_the_worker_cannot_unpickle_is_named_with_its_env(monkeypatch):
+    """set_attr with one value per env, env 3's of a class the worker cannot import:
+    the error says it was env 3's value (it blamed env 2, the first env of its worker,
+    for env 3's value)."""
+    ghost = types.ModuleType("aiovec_ghost_module")
+
+    class Level:
+        pass
+
+    Level.__module__ = ghost.__name__
+    Level.__qualname__ = "Level"
+    ghost.Level = Level
+    monkeypatch.setitem(sys.modules, ghost.__name__, ghost)
+    env_fns = [partial(CounterEnv, i) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=2) as venv:  # envs [0, 1] and [2, 3]
+        venv.reset()
+        with pytest.raises(TypeError) as caught:
+            venv.set_attr("level", [1, 2, 3, Level()])
+        assert "env 3's value" in str(caught.value)
+        assert "could not be unpickled" in str(caught.value)
+
+
 class _ActionKeeper(__import__("gymnasium").Env):
     """Keeps every action it was given, to check later that none changed under it."""
 

@@ -306,15 +306,45 @@ def undecodable_reply(command: Command) -> Reply | None:
     if found is None:
         return None
     operation = _OPERATIONS.get(type(command), "command")
-    message = (
-        f"an argument of {operation}() could not be unpickled in the env's process "
-        f"({found.reason}); send values whose classes the env's process can import"
-    )
-    errors = [
-        ErrorInfo(env_id, operation, "TypeError", message, "", exc_module="builtins")
-        for env_id in command.env_ids
-    ]
+    fix = "send values whose classes the env's process can import"
+    culprits: dict[int, Undecodable] = {}  # env id -> what its own value held
+    for env_id, value in zip(command.env_ids, _values_by_env(command) or ()):
+        bad = _find_undecodable(value)
+        if bad is not None:
+            culprits[env_id] = bad
+    first = next(iter(culprits), None)
+    errors = []
+    for env_id in command.env_ids:
+        if first is None:  # a value every env shares (a call's arguments)
+            message = f"an argument of {operation}() could not be unpickled in the env's process"
+            reason = found.reason
+        elif env_id in culprits:
+            message = (
+                f"env {env_id}'s value for {operation}() could not be unpickled in its process"
+            )
+            reason = culprits[env_id].reason
+        else:  # nothing of the command runs in this process: say whose value stopped it
+            message = (
+                f"{operation}() was not run on env {env_id}: env {first}'s value in the same "
+                "command could not be unpickled in their process"
+            )
+            reason = culprits[first].reason
+        text = f"{message} ({reason}); {fix}"
+        errors.append(ErrorInfo(env_id, operation, "TypeError", text, "", exc_module="builtins"))
     return Reply(command.seq, command.env_ids, errors=errors)
+
+
+def _values_by_env(command: Command) -> list[Any] | None:
+    """The values of ``command`` that are each env's own, by position (``None``: its
+    values are shared by its envs)."""
+    values: Any = None
+    if isinstance(command, SetAttr):
+        values = command.values
+    elif isinstance(command, Step):
+        values = command.actions
+    elif isinstance(command, Reset) and command.per_env_options:
+        values = command.options
+    return values if isinstance(values, list) else None
 
 
 def wire_command(command: Command) -> Command:
