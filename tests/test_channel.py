@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import textwrap
 import threading
 import time
 
 import pytest
 
 from aiovec._transport.channel import Channel
-from tests.helpers import voluntary_switches
+from tests.helpers import run_python, voluntary_switches
 
 
 def test_a_non_blocking_socket_with_a_full_buffer_still_sends_whole_frames():
@@ -200,3 +201,31 @@ def test_two_threads_may_wait_on_one_channel_that_has_sent():
     assert sorted(received) == [b"a", b"b"]
     mine.close()
     theirs.close()
+
+
+def test_a_channel_pair_beyond_the_descriptor_limit_says_what_to_do():
+    """A socket pair refused at the descriptor limit (a worker's channel, many workers)
+    says what to change (it was a bare "Too many open files")."""
+    result = run_python(
+        textwrap.dedent(
+            """
+        import resource, socket
+        from aiovec._transport.channel import channel_pair
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
+        held = []
+        try:
+            while True:
+                held.append(socket.socket())
+        except OSError:
+            pass
+        held.pop().close()  # one descriptor free: a pair needs two
+        try:
+            channel_pair()
+        except OSError as error:
+            print("errno", error.errno, error)
+        """
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    assert "errno 24" in result.stdout and "ulimit -n" in result.stdout, result.stdout

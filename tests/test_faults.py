@@ -860,3 +860,23 @@ def test_a_worker_killed_by_an_error_outside_any_env_call_says_what_it_was(
     assert "TimeoutError: simulator watchdog fired" in message
     assert "outside any env's call" in message
     assert "on_alarm" in message  # the worker's traceback
+
+
+def test_workers_lost_with_their_zygote_say_so():
+    """aiovec's zygote (which forks the workers) is killed (the OOM killer's pick, say):
+    its workers die with it, and the crash says so (it read "exit status unknown" and
+    nothing more); restarted workers get a new zygote."""
+    from aiovec._worker import zygote as _zygote
+
+    env_fns = [partial(CounterEnv, i) for i in range(2)]
+    with aiovec.VecEnv(env_fns, num_workers=2) as venv:
+        venv.reset(seed=0)
+        os.kill(_zygote.shared()._process.pid, signal.SIGKILL)
+        with pytest.raises(aiovec.WorkerCrashedError, match="zygote") as caught:
+            for _ in range(100):  # until the workers' deaths are seen
+                venv.step([0, 0])
+                time.sleep(0.05)
+        assert "was killed" in str(caught.value)
+    with aiovec.VecEnv(env_fns, num_workers=2) as venv:  # a new zygote
+        venv.reset(seed=0)
+        venv.step([0, 0])

@@ -7,7 +7,9 @@ no selector built per poll and no second syscall per message.
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import select
 import socket
 import struct
@@ -269,6 +271,26 @@ class FrameInsteadOfDescriptors(EOFError):
 
 
 def channel_pair() -> tuple[Channel, socket.socket]:
-    """A channel for this process and the socket to hand to the worker process."""
-    parent, child = socket.socketpair()
+    """A channel for this process and the socket to hand to the worker process.
+
+    Raises:
+        OSError: this process is out of descriptors (``errno.EMFILE``, saying what to do).
+    """
+    try:
+        parent, child = socket.socketpair()
+    except OSError as exc:
+        if exc.errno == errno.EMFILE:
+            raise out_of_descriptors() from None
+        raise
     return Channel(parent), child
+
+
+def out_of_descriptors() -> OSError:
+    """The error for this process at its limit of open descriptors, saying what to do."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return OSError(
+        errno.EMFILE,
+        f"too many open files: this process is at its limit of {limit} descriptors "
+        "(each worker takes a few); raise it (ulimit -n, resource.setrlimit) or "
+        "start fewer workers (num_workers=)",
+    )

@@ -23,11 +23,9 @@ Lifetime guarantees:
 from __future__ import annotations
 
 import atexit
-import errno
 import multiprocessing
 import os
 import pickle
-import resource
 import select
 import signal
 import socket
@@ -41,6 +39,7 @@ from typing import Any, cast
 
 from aiovec._interrupts import no_interrupt
 from aiovec._transport import by_value
+from aiovec._transport.channel import out_of_descriptors
 from aiovec._worker.registrations import agent_registrations, install
 
 _HEADER = struct.Struct("<I")
@@ -74,13 +73,7 @@ def _receive_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
         if flags & socket.MSG_CTRUNC:  # the kernel dropped descriptors we had no room for
             for fd in new_fds + fds:
                 os.close(fd)
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            raise OSError(
-                errno.EMFILE,
-                f"too many open files: this process is at its limit of {limit} descriptors "
-                "(each worker takes a few); raise it (ulimit -n, resource.setrlimit) or "
-                "start fewer workers (num_workers=)",
-            )
+            raise out_of_descriptors()
         if not chunk:
             for fd in new_fds + fds:
                 os.close(fd)
@@ -288,6 +281,11 @@ class ZygoteProcess:
 
     def is_alive(self) -> bool:
         return not self._exited()
+
+    @property
+    def zygote_died(self) -> bool:
+        """Whether the zygote that forked this worker has died (taking it along)."""
+        return self._zygote._process.poll() is not None
 
     def join(self, timeout: float | None = None) -> None:
         self._exited(timeout)

@@ -661,6 +661,8 @@ class ProcessBackend(Backend):
         last_words = self._last_words.pop(worker, None)
         if last_words is not None:
             hint = f"{last_words}; {hint}" if hint else last_words
+        elif getattr(process, "zygote_died", False):
+            hint = ZYGOTE_DIED_HINT
         error = self._start_errors.pop(worker, None)
         running = tuple(self._marked_running(worker))  # which env it was in when it died
         if running:
@@ -751,6 +753,13 @@ class ProcessBackend(Backend):
         if self._region is not None:
             self._region.close()
             self._region = None
+
+
+#: Why a worker died when the zygote that forked it died first.
+ZYGOTE_DIED_HINT = (
+    "aiovec's zygote (the process that starts the workers) was killed, and its workers "
+    "with it (by the kernel's OOM killer? see dmesg); restarted workers get a new one"
+)
 
 
 def _framed(data: bytes) -> bytes:
