@@ -83,6 +83,26 @@ def test_an_abandoned_close_is_reported_once_in_aiovecs_words():
     assert "Task was destroyed" not in result.stderr
 
 
+async def test_a_slow_close_that_honours_its_cancellation_is_not_called_stubborn(caplog):
+    """An async env's close takes longer than close_timeout but ends when cancelled: the
+    warning says it was cancelled (it said every late close ignores cancellation)."""
+
+    class SlowClose(AsyncCounterEnv):
+        async def close(self):
+            await asyncio.sleep(30)
+
+    venv = aiovec.VecEnv(
+        [partial(SlowClose, i) for i in range(2)], backend="coroutine", close_timeout=0.2
+    )
+    await venv.areset()
+    with caplog.at_level("WARNING", logger="aiovec"):
+        await asyncio.wait_for(venv.aclose(), BOUND)
+    assert (
+        "2 env close() call(s) did not finish within close_timeout=0.2 s: cancelled" in caplog.text
+    )
+    assert "ignore cancellation" not in caplog.text
+
+
 class SigtermProofEnv(CounterEnv):
     def __init__(self, env_index: int = 0) -> None:
         super().__init__(env_index)

@@ -414,19 +414,32 @@ async def close_after(
             interrupted = [env for task, env in closing.items() if task.cancelled()]
             if interrupted and (again := _start_closing(interrupted)):
                 late |= await wait(list(again))
-        for task in late:  # abandoned: cancelled, and nobody waits for them to end
+        for task in late:  # cancelled; those that ignore it are abandoned
             task.cancel()
             # Said once, here, in aiovec's words: not again as asyncio's "Task was
             # destroyed but it is pending!" when a loop closes over the abandoned close.
             task._log_destroy_pending = False  # type: ignore[attr-defined]
         if late:
-            logger.warning(
-                "%d env close() call(s) did not finish within close_timeout=%s s and "
-                "ignore cancellation: abandoned (an async env's close should return "
-                "promptly when cancelled)",
-                len(late),
-                timeout,
-            )
+            try:
+                _, stubborn = await asyncio.wait(late, timeout=CANCEL_GRACE)
+            except asyncio.CancelledError:
+                if not despite_cancellation:
+                    raise
+                cancelled, stubborn = True, {task for task in late if not task.done()}
+            if len(stubborn) < len(late):
+                logger.warning(
+                    "%d env close() call(s) did not finish within close_timeout=%s s: cancelled",
+                    len(late) - len(stubborn),
+                    timeout,
+                )
+            if stubborn:
+                logger.warning(
+                    "%d env close() call(s) did not finish within close_timeout=%s s and "
+                    "ignore cancellation: abandoned (an async env's close should return "
+                    "promptly when cancelled)",
+                    len(stubborn),
+                    timeout,
+                )
     if cancelled:
         raise asyncio.CancelledError
 
