@@ -417,8 +417,13 @@ def test_a_list_of_numpy_values_of_the_spaces_dtype_still_takes_shared_memory(ba
             [[2.0, 1.0], [0.0, 0.0]],
             [("list", None, [2.0, 1.0]), ("list", None, [0.0, 0.0])],
         ),
+        (  # ints in an object array (np.array(list_of_ints, dtype=object)): as Gymnasium
+            spaces.Discrete(2),
+            np.array([0, 1], dtype=object),
+            [("int", None, 0), ("int", None, 1)],
+        ),
     ],
-    ids=["multibinary-float32", "discrete-float64", "multidiscrete-list"],
+    ids=["multibinary-float32", "discrete-float64", "multidiscrete-list", "discrete-object"],
 )
 def test_whole_floats_for_a_discrete_space_reach_the_envs_as_passed(
     backend, space, actions, expected
@@ -435,6 +440,8 @@ def test_whole_floats_for_a_discrete_space_reach_the_envs_as_passed(
         (spaces.Discrete(2), np.array([np.nan, 1.0]), r"values \[nan\] are not whole"),
         (spaces.MultiBinary(2), np.array([[1.0, 2.0], [0, 0]]), r"values \[2.0\] are outside"),
         (spaces.Discrete(2), ["a", "b"], "expected integers"),
+        (spaces.Discrete(2), np.array([0, "b"], dtype=object), "expected integers"),
+        (spaces.Discrete(2), np.array([0, 2], dtype=object), r"values \[2\] are outside"),
         (spaces.MultiDiscrete([3]), [0, 3], r"values \[3\] are outside"),
         (spaces.MultiDiscrete([[4]], start=[[1]]), [0, 2], r"values \[0\] are outside"),
         (spaces.MultiBinary(1), [1, 2], r"values \[2\] are outside"),
@@ -446,6 +453,8 @@ def test_whole_floats_for_a_discrete_space_reach_the_envs_as_passed(
         "nan",
         "float-outside",
         "strings",
+        "object-string",
+        "object-outside",
         "above",
         "below-start",
         "binary",

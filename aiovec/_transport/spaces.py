@@ -442,6 +442,10 @@ def _discrete_checker(
         if not exact_array or array.shape != (count, *shape):
             flat = _check_shape(array, count, shape, space, path, one_element)
         kind = array.dtype.kind
+        if kind == "O" and all(  # ints in an object array: each env gets its int
+            isinstance(value, (int, np.integer)) for value in array.ravel().tolist()
+        ):
+            kind = "i"
         if kind not in "biuf":
             raise TypeError(f"{path}: expected integers for {space}, got dtype {array.dtype}")
         if kind == "f":  # e.g. a torch Bernoulli sample: whole numbers go through as passed
