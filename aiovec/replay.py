@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 import numpy as np
+import numpy.typing as npt
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import create_empty_array
@@ -84,7 +85,9 @@ class ReplayBuffer:
     observation with the action sent from it and the env's next result; the result
     that an autoreset produces (``NEXT_STEP``) starts a new episode and makes no
     transition; with ``SAME_STEP`` the episode's last transition ends at
-    ``infos["final_obs"]``.
+    ``infos["final_obs"]``. Rewards, their n-step sums and discounts are of
+    ``reward_dtype`` (float32 by default, as Stable-Baselines3's buffers; ``np.float64``
+    keeps rewards that float32 would round).
 
     Example:
         >>> import aiovec
@@ -113,7 +116,13 @@ class ReplayBuffer:
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         n_step: int = 1,
         gamma: float = 0.99,
+        reward_dtype: npt.DTypeLike = np.float32,
     ) -> None:
+        if np.dtype(reward_dtype).kind != "f":
+            raise TypeError(
+                f"reward_dtype must be a floating dtype (np.float32, the default, or "
+                f"np.float64 for rewards float32 would round), got {reward_dtype!r}"
+            )
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         if n_step < 1:
@@ -134,7 +143,7 @@ class ReplayBuffer:
         self.observations = create_empty_array(observation_space, capacity, fn=np.zeros)
         self.next_observations = create_empty_array(observation_space, capacity, fn=np.zeros)
         self.actions = create_empty_array(action_space, capacity, fn=np.zeros)
-        self.rewards = np.zeros(capacity, dtype=np.float32)
+        self.rewards = np.zeros(capacity, dtype=reward_dtype)
         self.terminations = np.zeros(capacity, dtype=np.bool_)
         self.truncations = np.zeros(capacity, dtype=np.bool_)
         # The same env's next transition (-1: none yet, or the episode ended), and the
@@ -436,11 +445,11 @@ class ReplayBuffer:
         rewards = self.rewards.take(slots)
         terminations = self.terminations.take(slots)
         truncations = self.truncations.take(slots)
-        discounts = np.full(len(slots), self.gamma, dtype=np.float32)
+        discounts = np.full(len(slots), self.gamma, dtype=rewards.dtype)
         last = slots
         if self.n_step > 1:
             # Follow each transition's links while its episode goes on.
-            scale = np.ones(len(slots), dtype=np.float32)
+            scale = np.ones(len(slots), dtype=rewards.dtype)
             alive = ~(terminations | truncations)
             for _ in range(self.n_step - 1):
                 successor = self.successors[last]
@@ -518,6 +527,7 @@ class ReplayBuffer:
                 autoreset_mode=str(data["autoreset_mode"]),
                 n_step=int(data["n_step"]),
                 gamma=float(data["gamma"]),
+                reward_dtype=data["rewards"].dtype,
                 **cls._load_options(data),
             )
             buffer.inserted = int(data["inserted"])

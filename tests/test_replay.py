@@ -501,3 +501,28 @@ def test_to_torch_keeps_named_tuples_and_leaves_what_torch_cannot_hold():
     assert isinstance(converted, aiovec.Batch)
     assert isinstance(converted.observations, torch.Tensor)  # negative strides: a copy
     assert converted.infos["final_obs"].dtype == object  # left as it is
+
+
+@pytest.mark.parametrize("kind", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_rewards_keep_float64_precision_when_asked(tmp_path, kind):
+    """Rewards are float32 by default (as SB3's buffers; half the memory), which rounds
+    16777217 to 16777216 and loses later rewards of an n-step sum beside a large one;
+    reward_dtype=np.float64 keeps them, in the sums and discounts too, and through
+    save/load."""
+    data = _transitions(3, env_ids=[0, 0, 0])
+    data["rewards"] = np.array([16777217.0, 0.1, 2.0])
+    default = kind(8, OBS, ACT, n_step=3, gamma=0.99)
+    default.add(**data)
+    assert default._gather(np.arange(1), np.ones(1), None).rewards.dtype == np.float32
+    precise = kind(8, OBS, ACT, n_step=3, gamma=0.99, reward_dtype=np.float64)
+    precise.add(**data)
+    sample = precise._gather(np.arange(3), np.ones(3), None)
+    assert sample.rewards.dtype == np.float64 and sample.discounts.dtype == np.float64
+    assert sample.rewards[0] == pytest.approx(16777217.0 + 0.99 * 0.1 + 0.99**2 * 2.0, rel=1e-15)
+    assert sample.discounts[0] == pytest.approx(0.99**3, rel=1e-15)
+    assert sample.rewards[1] == pytest.approx(0.1 + 0.99 * 2.0, rel=1e-15)
+    precise.save(tmp_path / "buffer")
+    loaded = kind.load(tmp_path / "buffer", OBS, ACT)
+    assert loaded.rewards.dtype == np.float64 and loaded.rewards[0] == 16777217.0
+    with pytest.raises(TypeError, match="reward_dtype"):
+        kind(8, OBS, ACT, reward_dtype=np.int32)
