@@ -163,8 +163,11 @@ def test_a_per_env_value_the_worker_cannot_unpickle_is_named_with_its_env(monkey
         venv.reset()
         with pytest.raises(TypeError) as caught:
             venv.set_attr("level", [1, 2, 3, Level()])
-        assert "env 3's value" in str(caught.value)
-        assert "could not be unpickled" in str(caught.value)
+        assert caught.value.env_index == 3  # env 3's own error is the one raised
+        assert "env 3's value for set_attr() could not be unpickled" in str(caught.value)
+        assert "not run on envs [2]" in str(caught.value)
+        venv.set_attr("level", [1, 2, 3, 4])  # the worker goes on
+        assert venv.get_attr("level") == (1, 2, 3, 4)
 
 
 class _ActionKeeper(__import__("gymnasium").Env):

@@ -312,25 +312,38 @@ def undecodable_reply(command: Command) -> Reply | None:
         bad = _find_undecodable(value)
         if bad is not None:
             culprits[env_id] = bad
-    first = next(iter(culprits), None)
+    if not culprits:  # a value every env shares (a call's arguments): each env fails
+        text = (
+            f"an argument of {operation}() could not be unpickled in the env's process "
+            f"({found.reason}); {fix}"
+        )
+        errors = [
+            ErrorInfo(env_id, operation, "TypeError", text, "", exc_module="builtins")
+            for env_id in command.env_ids
+        ]
+        return Reply(command.seq, command.env_ids, errors=errors)
+    # Each env whose own value failed has its error; the first of them also stands for
+    # the command's other envs here, which were not run (so that error is the one raised).
+    first = next(iter(culprits))
+    bystanders = [env_id for env_id in command.env_ids if env_id not in culprits]
     errors = []
-    for env_id in command.env_ids:
-        if first is None:  # a value every env shares (a call's arguments)
-            message = f"an argument of {operation}() could not be unpickled in the env's process"
-            reason = found.reason
-        elif env_id in culprits:
-            message = (
-                f"env {env_id}'s value for {operation}() could not be unpickled in its process"
+    for env_id, bad in culprits.items():
+        text = f"env {env_id}'s value for {operation}() could not be unpickled in its process"
+        standing_for = None
+        if env_id == first and bystanders:
+            text += f"; so {operation}() was not run on envs {bystanders} of that process either"
+            standing_for = [env_id, *bystanders]
+        errors.append(
+            ErrorInfo(
+                env_id,
+                operation,
+                "TypeError",
+                f"{text} ({bad.reason}); {fix}",
+                "",
+                exc_module="builtins",
+                env_ids=standing_for,
             )
-            reason = culprits[env_id].reason
-        else:  # nothing of the command runs in this process: say whose value stopped it
-            message = (
-                f"{operation}() was not run on env {env_id}: env {first}'s value in the same "
-                "command could not be unpickled in their process"
-            )
-            reason = culprits[first].reason
-        text = f"{message} ({reason}); {fix}"
-        errors.append(ErrorInfo(env_id, operation, "TypeError", text, "", exc_module="builtins"))
+        )
     return Reply(command.seq, command.env_ids, errors=errors)
 
 
