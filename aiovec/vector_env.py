@@ -444,7 +444,8 @@ class VecEnv(SplitCalls, VectorEnv):
                 self.autoreset_mode,
                 observations_shared=is_shareable(self.single_observation_space),
             )
-            #: How many times each env was rebuilt after a failure (``on_failure="restart"``).
+            #: How many restarts each env reported after a failure (``on_failure="restart"``;
+            #: one whose replacement had to be built again counts once).
             self.restart_counts = self._results.restart_counts
             self._needs_reset = self._results.needs_reset  # DISABLED mode: reset before stepping
             self._steps_in_place = self._backend.completes_inline

@@ -203,14 +203,15 @@ def test_two_threads_may_wait_on_one_channel_that_has_sent():
     theirs.close()
 
 
-def test_a_channel_pair_beyond_the_descriptor_limit_says_what_to_do():
-    """A socket pair refused at the descriptor limit (a worker's channel, many workers)
-    says what to change (it was a bare "Too many open files")."""
+def test_the_descriptor_limit_is_explained_whichever_descriptor_meets_it():
+    """A socket pair refused at the descriptor limit (a worker's channel, many workers),
+    inside ``descriptor_limit_explained``, says what to change (it was a bare "Too many
+    open files"); other errors pass as they are."""
     result = run_python(
         textwrap.dedent(
             """
         import resource, socket
-        from aiovec._transport.channel import channel_pair
+        from aiovec._transport.channel import channel_pair, descriptor_limit_explained
 
         resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
         held = []
@@ -221,11 +222,18 @@ def test_a_channel_pair_beyond_the_descriptor_limit_says_what_to_do():
             pass
         held.pop().close()  # one descriptor free: a pair needs two
         try:
-            channel_pair()
+            with descriptor_limit_explained():
+                channel_pair()
         except OSError as error:
             print("errno", error.errno, error)
+        try:
+            with descriptor_limit_explained():
+                open("/nonexistent/file")
+        except OSError as error:
+            print("other", type(error).__name__)
         """
         )
     )
     assert result.returncode == 0, result.stderr
     assert "errno 24" in result.stdout and "ulimit -n" in result.stdout, result.stdout
+    assert "other FileNotFoundError" in result.stdout

@@ -592,3 +592,51 @@ def test_a_rebuilt_async_env_whose_reset_fails_is_rebuilt_again_within_max_resta
         _, _, _, truncations, infos = venv.step(np.zeros(2, dtype=np.int64))
         assert truncations[1] and infos["restarted"][1]
         assert ResetFailsAfterRebuild.builds == 4
+
+
+@pytest.mark.parametrize("runner", ["asyncio", "aiovec"])
+@pytest.mark.parametrize(
+    "when", ["finally of a task cancelled on the way out", "call_soon at the end"]
+)
+def test_a_sync_close_as_asyncio_run_ends_still_closes_every_env(runner, when):
+    """close() that lands while asyncio.run() is shutting down (in the finally of a task
+    it cancels; scheduled just before main returns, so that its task is cancelled
+    before it starts): every async env's close runs to its end, and no task is left
+    pending (0 envs were closed, and asyncio said "Task was destroyed but it is
+    pending!")."""
+    source = textwrap.dedent(
+        f"""
+        import asyncio, gc
+        from functools import partial
+        import numpy as np
+        import aiovec
+        from tests.test_coroutine import SlowToClose
+
+        async def main():
+            envs = aiovec.VecEnv(
+                [partial(SlowToClose, i, delay=0.5) for i in range(3)], backend="coroutine"
+            )
+            await envs.areset(seed=0)
+            if {when!r} == "call_soon at the end":
+                asyncio.get_running_loop().call_soon(envs.close)
+                return
+
+            async def collector():
+                try:
+                    envs.send(np.zeros(3, dtype=np.int64))
+                    await envs.recv(min_envs=3)
+                finally:
+                    envs.close()
+
+            asyncio.get_running_loop().create_task(collector())
+            await asyncio.sleep(0.05)
+
+        {"asyncio.run" if runner == "asyncio" else "aiovec.run"}(main())
+        gc.collect()
+        print("closed", sorted(SlowToClose.closed_indices))
+        """
+    )
+    result = run_python(source)
+    assert result.returncode == 0, result.stderr
+    assert "closed [0, 1, 2]" in result.stdout, (result.stdout, result.stderr)
+    assert "destroyed but it is pending" not in result.stderr, result.stderr

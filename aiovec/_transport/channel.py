@@ -7,6 +7,7 @@ no selector built per poll and no second syscall per message.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import resource
@@ -14,6 +15,7 @@ import select
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from multiprocessing.reduction import recvfds, sendfds
 from typing import TYPE_CHECKING
 
@@ -271,18 +273,21 @@ class FrameInsteadOfDescriptors(EOFError):
 
 
 def channel_pair() -> tuple[Channel, socket.socket]:
-    """A channel for this process and the socket to hand to the worker process.
-
-    Raises:
-        OSError: this process is out of descriptors (``errno.EMFILE``, saying what to do).
-    """
-    try:
-        parent, child = socket.socketpair()
-    except OSError as exc:
-        if exc.errno == errno.EMFILE:
-            raise out_of_descriptors() from None
-        raise
+    """A channel for this process and the socket to hand to the worker process."""
+    parent, child = socket.socketpair()
     return Channel(parent), child
+
+
+@contextlib.contextmanager
+def descriptor_limit_explained() -> Iterator[None]:
+    """Turn an ``OSError`` of this process's descriptor limit (``EMFILE``), whichever
+    descriptor met it (a socket, a pipe, a mapping, a pidfd), into one saying what to do."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno == errno.EMFILE and "ulimit" not in str(exc):
+            raise out_of_descriptors() from exc
+        raise
 
 
 def out_of_descriptors() -> OSError:

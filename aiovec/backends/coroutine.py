@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
+from typing import Any, cast
 
 from gymnasium.vector import AutoresetMode
 
@@ -64,6 +64,9 @@ class CoroutineBackend(LocalBackend):
         #: The envs' close that close() scheduled on a running loop (the caller's, or the
         #: private one while a sync call waited on it: that wait runs it to its end).
         self._scheduled_close: asyncio.Task[None] | None = None
+        self._envs_closed = False  # that close ran (to its end: it finishes regardless)
+        #: Awaits (or runs) that close when its loop shuts down: see _close_at_loop_shutdown.
+        self._shutdown_hook: AsyncGenerator[None, None] | None = None
 
     # --- commands -------------------------------------------------------------------------
 
@@ -159,6 +162,37 @@ class CoroutineBackend(LocalBackend):
         if self._private_loop is not None:
             self._private_loop.close()
 
+    async def _close_envs(self, timeout: float) -> None:
+        try:
+            await self._server.aclose(timeout, despite_cancellation=True)
+        finally:  # (not run if the task was cancelled before it started)
+            self._envs_closed = True
+
+    def _close_at_loop_shutdown(self, timeout: float) -> None:
+        """Make sure the loop's shutdown (``asyncio.run()``'s end, ``shutdown_asyncgens``)
+        awaits the scheduled close, or runs it if its task never started: a close that
+        came after ``asyncio.run()`` collected the tasks to cancel (in the ``finally`` of
+        one of them), or whose task was cancelled before its first step. An async
+        generator paused here is what the loop's shutdown closes, awaiting its
+        ``finally``."""
+
+        async def closing_at_shutdown() -> AsyncGenerator[None, None]:
+            try:
+                yield
+            finally:
+                scheduled = self._scheduled_close
+                if scheduled is not None and not scheduled.done():
+                    await asyncio.wait([scheduled])
+                if not self._envs_closed:
+                    await self._close_envs(timeout)
+
+        hook = closing_at_shutdown()
+        try:  # to its yield, which registers it with the running loop (its firstiter hook)
+            cast("Generator[Any, None, Any]", hook.asend(None)).send(None)
+        except StopIteration:
+            pass
+        self._shutdown_hook = hook
+
     async def wait_closed(self) -> None:
         """Return once the envs' close that :meth:`close` scheduled on this running loop
         (if any) has ended."""
@@ -201,9 +235,8 @@ class CoroutineBackend(LocalBackend):
         if running is not None and timeout:
             # Nobody awaits it (but wait_closed): it ends even if asyncio.run() cancels it
             # on its way out, which it does to every task left on the loop.
-            self._scheduled_close = running.create_task(
-                self._server.aclose(timeout, despite_cancellation=True)
-            )
+            self._scheduled_close = running.create_task(self._close_envs(timeout))
+            self._close_at_loop_shutdown(timeout)
         elif loop is not None and not loop.is_closed() and timeout:
             loop.run_until_complete(self._server.aclose(timeout))
         else:

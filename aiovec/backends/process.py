@@ -27,7 +27,12 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from aiovec._transport.buffers import Buffers, buffers_nbytes, build_buffers
-from aiovec._transport.channel import HEADER, Channel, channel_pair
+from aiovec._transport.channel import (
+    HEADER,
+    Channel,
+    channel_pair,
+    descriptor_limit_explained,
+)
 from aiovec._transport.lines import MAX_LINES, MAX_WORKER_LINES, open_lines
 from aiovec._transport.memory import SharedRegion
 from aiovec._transport.protocol import (
@@ -129,6 +134,7 @@ class ProcessBackend(Backend):
     through a cross-core wake-up (a lockstep speed-up when cores are few).
     """
 
+    @descriptor_limit_explained()  # whichever descriptor meets the limit: say what to do
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env]],
@@ -259,6 +265,7 @@ class ProcessBackend(Backend):
             self.close(timeout=0)
             raise
 
+    @descriptor_limit_explained()  # whichever descriptor meets the limit: say what to do
     def _start(self, worker: int, restart_reason: str | None = None) -> None:
         """Start the process of ``worker`` (again, after a failure, with the reason)."""
         parent_end, child_end = channel_pair()
@@ -355,6 +362,7 @@ class ProcessBackend(Backend):
             return []
         return [env_id for env_id in self.groups[worker] if buffers.running[env_id]]
 
+    @descriptor_limit_explained()  # whichever descriptor meets the limit: say what to do
     def attach(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
     ) -> Buffers:
