@@ -640,3 +640,23 @@ def test_a_sync_close_as_asyncio_run_ends_still_closes_every_env(runner, when):
     assert result.returncode == 0, result.stderr
     assert "closed [0, 1, 2]" in result.stdout, (result.stdout, result.stderr)
     assert "destroyed but it is pending" not in result.stderr, result.stderr
+
+
+def test_a_sync_close_after_the_envs_loop_is_gone_still_runs_their_close():
+    """The envs stepped under asyncio.run(), closed with close() after it returned (their
+    loop closed): their async close runs (on a loop of its own) instead of being dropped
+    unawaited; with no loop ever run, too."""
+    SlowToClose.closed_indices = []
+
+    async def main():
+        envs = aiovec.VecEnv([partial(SlowToClose, i) for i in range(2)], backend="coroutine")
+        await envs.areset(seed=0)
+        await envs.astep(np.zeros(2, dtype=np.int64))
+        return envs
+
+    envs = asyncio.run(main())
+    envs.close()
+    assert sorted(SlowToClose.closed_indices) == [0, 1]
+    SlowToClose.closed_indices = []
+    aiovec.VecEnv([partial(SlowToClose, i) for i in range(2)], backend="coroutine").close()
+    assert sorted(SlowToClose.closed_indices) == [0, 1]

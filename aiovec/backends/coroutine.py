@@ -212,8 +212,9 @@ class CoroutineBackend(LocalBackend):
 
     def close(self, timeout: float) -> None:
         """Cancel what runs and close every env: awaited on this backend's loop when no
-        loop is running, scheduled on the running loop otherwise (use ``aclose`` there
-        to wait for it), skipped when ``timeout`` is 0 (``__del__``, Ctrl-C). When that
+        loop is running (on a loop of their own when that one is gone), scheduled on the
+        running loop otherwise (use ``aclose`` there to wait for it; the loop's shutdown
+        awaits it too), skipped when ``timeout`` is 0 (``__del__``, Ctrl-C). When that
         loop runs in another thread, it is done there (waited for, up to ``timeout``)."""
         elsewhere = self._loop_elsewhere()
         if elsewhere is not None:
@@ -239,6 +240,8 @@ class CoroutineBackend(LocalBackend):
             self._close_at_loop_shutdown(timeout)
         elif loop is not None and not loop.is_closed() and timeout:
             loop.run_until_complete(self._server.aclose(timeout))
+        elif timeout:  # their loop is gone (asyncio.run() returned), or none ever ran
+            run(close_after([], self._host.envs.values(), timeout))
         else:
             for env in self._host.envs.values():
                 result = _close_call(env)
