@@ -615,7 +615,11 @@ class Scheduler:
             self._crashes_in_a_row[worker] += 1
             self.worker_restarts[worker] += 1
             logger.warning("restarting worker %d after: %s", worker, crash)
-            self.backend.restart(worker, f"{type(crash).__name__}: {crash}")
+            try:
+                self.backend.restart(worker, f"{type(crash).__name__}: {crash}")
+            except Exception as cannot_start:  # no replacement (out of descriptors, say):
+                self._fail_worker(worker, cannot_start, in_flight)  # dead, not in flight
+                return
             for _, ticket in in_flight:  # the new envs answer with restart notices
                 ticket.sent_at, ticket.started_at = time.monotonic(), None
                 command = ticket.command
@@ -625,6 +629,13 @@ class Scheduler:
                     command = command.subset(positions)
                 self.backend.submit(worker, self.backend.prepare(worker, command))
             return
+        self._fail_worker(worker, crash, in_flight)
+
+    def _fail_worker(
+        self, worker: int, crash: Exception, in_flight: list[tuple[int, Ticket]]
+    ) -> None:
+        """``worker`` is gone for good: its in-flight commands fail with ``crash``, as
+        will any later command to its envs."""
         self.dead_workers[worker] = crash
         for seq, ticket in in_flight:
             del self._tickets[seq]

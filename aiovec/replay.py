@@ -53,6 +53,10 @@ _SAVED_BATCHES = (
 )
 
 
+#: What a buffer's rewards may be stored as (what torch holds, native byte order).
+_REWARD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 class Sample(NamedTuple):
     """A batch of transitions, row ``i`` of every field from the same transition.
 
@@ -118,10 +122,10 @@ class ReplayBuffer:
         gamma: float = 0.99,
         reward_dtype: npt.DTypeLike = np.float32,
     ) -> None:
-        if np.dtype(reward_dtype).kind != "f":
+        if reward_dtype is None or np.dtype(reward_dtype) not in _REWARD_DTYPES:
             raise TypeError(
-                f"reward_dtype must be a floating dtype (np.float32, the default, or "
-                f"np.float64 for rewards float32 would round), got {reward_dtype!r}"
+                f"reward_dtype must be np.float32 (the default) or np.float64 (for rewards "
+                f"float32 would round), got {reward_dtype!r}"
             )
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")

@@ -524,5 +524,6 @@ def test_rewards_keep_float64_precision_when_asked(tmp_path, kind):
     precise.save(tmp_path / "buffer")
     loaded = kind.load(tmp_path / "buffer", OBS, ACT)
     assert loaded.rewards.dtype == np.float64 and loaded.rewards[0] == 16777217.0
-    with pytest.raises(TypeError, match="reward_dtype"):
-        kind(8, OBS, ACT, reward_dtype=np.int32)
+    for refused in (np.int32, None, np.float16, np.longdouble, ">f8"):
+        with pytest.raises(TypeError, match="reward_dtype"):
+            kind(8, OBS, ACT, reward_dtype=refused)

@@ -4,6 +4,8 @@ rebuilt slowly, never hangs the agent nor freezes its event loop."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from functools import partial
 from pathlib import Path
@@ -205,3 +207,33 @@ def test_a_rebuilt_env_whose_reset_fails_is_rebuilt_again_within_max_restarts(
         else:  # the fourth failure in a row is reported
             with pytest.raises(ConnectionError, match="still starting"):
                 venv.step([0, 0])
+
+
+def test_a_restart_that_cannot_start_leaves_its_envs_failed_not_in_flight():
+    """A worker dies while the agent is at its descriptor limit: its replacement cannot
+    start. The step raises that (the explained OSError) and the worker's envs are
+    failed, not left in flight for good (every later call raised EnvBusyError); the
+    other workers' envs go on."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    venv = aiovec.VecEnv(
+        [partial(CounterEnv, i) for i in range(4)], num_workers=2, on_failure="restart"
+    )
+    try:
+        venv.reset(seed=0)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 4, hard))
+        try:
+            os.kill(venv._backend._processes[1].pid, signal.SIGKILL)
+            time.sleep(0.2)
+            with pytest.raises(OSError, match="ulimit -n"):
+                venv.step([0, 0, 0, 0])
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with pytest.raises(OSError, match="ulimit -n"):  # its envs: failed, said again
+            venv.step([0, 0, 0, 0])
+        venv.send(np.zeros(2, dtype=np.int64), [0, 1])  # the other worker's envs go on
+        batch = aiovec.run(venv.recv(min_envs=2))
+        assert sorted(batch.env_ids.tolist()) == [0, 1]
+    finally:
+        venv.close()

@@ -422,8 +422,19 @@ def test_a_list_of_numpy_values_of_the_spaces_dtype_still_takes_shared_memory(ba
             np.array([0, 1], dtype=object),
             [("int", None, 0), ("int", None, 1)],
         ),
+        (  # numpy bools and whole floats in an object array: as passed, too
+            spaces.Discrete(2),
+            np.array([np.True_, 1.0], dtype=object),
+            [("bool", "bool", True), ("float", None, 1.0)],
+        ),
     ],
-    ids=["multibinary-float32", "discrete-float64", "multidiscrete-list", "discrete-object"],
+    ids=[
+        "multibinary-float32",
+        "discrete-float64",
+        "multidiscrete-list",
+        "discrete-object",
+        "discrete-object-mixed",
+    ],
 )
 def test_whole_floats_for_a_discrete_space_reach_the_envs_as_passed(
     backend, space, actions, expected
@@ -442,6 +453,7 @@ def test_whole_floats_for_a_discrete_space_reach_the_envs_as_passed(
         (spaces.Discrete(2), ["a", "b"], "expected integers"),
         (spaces.Discrete(2), np.array([0, "b"], dtype=object), "expected integers"),
         (spaces.Discrete(2), np.array([0, 2], dtype=object), r"values \[2\] are outside"),
+        (spaces.Discrete(2), np.array([0, 0.5], dtype=object), r"values \[0.5\] are not whole"),
         (spaces.MultiDiscrete([3]), [0, 3], r"values \[3\] are outside"),
         (spaces.MultiDiscrete([[4]], start=[[1]]), [0, 2], r"values \[0\] are outside"),
         (spaces.MultiBinary(1), [1, 2], r"values \[2\] are outside"),
@@ -455,6 +467,7 @@ def test_whole_floats_for_a_discrete_space_reach_the_envs_as_passed(
         "strings",
         "object-string",
         "object-outside",
+        "object-fraction",
         "above",
         "below-start",
         "binary",

@@ -441,15 +441,14 @@ def _discrete_checker(
         flat = False
         if not exact_array or array.shape != (count, *shape):
             flat = _check_shape(array, count, shape, space, path, one_element)
-        kind = array.dtype.kind
-        if kind == "O" and all(  # ints in an object array: each env gets its int
-            isinstance(value, (int, np.integer)) for value in array.ravel().tolist()
-        ):
-            kind = "i"
+        kind: str = array.dtype.kind
+        if kind == "O":  # numbers in an object array: each env gets its number as passed
+            kind = _kind_of_objects(array.ravel().tolist())
         if kind not in "biuf":
             raise TypeError(f"{path}: expected integers for {space}, got dtype {array.dtype}")
         if kind == "f":  # e.g. a torch Bernoulli sample: whole numbers go through as passed
-            fractional = ~np.isfinite(array) | (array != np.trunc(array))
+            numbers = array.astype(np.float64) if array.dtype == object else array
+            fractional = ~np.isfinite(numbers) | (numbers != np.trunc(numbers))
             if fractional.any():
                 raise ValueError(
                     f"{path}: values {array[fractional][:5].tolist()} are not whole "
@@ -465,6 +464,16 @@ def _discrete_checker(
         return array, array.dtype == dtype and not flat
 
     return check
+
+
+def _kind_of_objects(values: list[Any]) -> str:
+    """The dtype kind an object array of ``values`` stands for: ``"f"`` when they are
+    all numbers and some are fractional types (checked as floats are), ``"i"`` when all
+    are ints or bools, ``"O"`` otherwise (refused)."""
+    numbers = (int, float, np.integer, np.floating, np.bool_)
+    if not all(isinstance(value, numbers) for value in values):
+        return "O"
+    return "f" if any(isinstance(value, (float, np.floating)) for value in values) else "i"
 
 
 def _holds_python_values(batch: Any) -> bool:

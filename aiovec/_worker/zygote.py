@@ -214,6 +214,7 @@ class Zygote:
 
 
 _shared: Zygote | None = None
+_retired: list[Zygote] = []  # replaced by a new zygote, not yet exited
 # Re-entrant: a Ctrl-C handler of the user's may build a vector env while this thread
 # starts the zygote.
 _shared_lock = threading.RLock()
@@ -227,9 +228,14 @@ def shared() -> Zygote:
     """This process's zygote, started on first use (and again if it died)."""
     global _shared
     with _shared_lock:
+        # Zygotes replaced earlier are reaped once they exit (not left zombies); one out
+        # of step lives on while workers it started do.
+        _retired[:] = [old for old in _retired if old._process.poll() is None]
         if _shared is None or not _shared.alive:
             if _shared is None:
                 atexit.register(_close_shared)
+            elif _shared._process.poll() is None:
+                _retired.append(_shared)
             _shared = Zygote()
         return _shared
 
@@ -392,9 +398,13 @@ def serve(fd: int) -> None:
             finally:
                 for descriptor in fds:
                     os.close(descriptor)
-            _send_frame(agent, pickle.dumps(answer), answer_fds)
-            for descriptor in answer_fds:
-                os.close(descriptor)
+            try:
+                _send_frame(agent, pickle.dumps(answer), answer_fds)
+            except OSError:  # the agent is gone, or dropped this zygote: nobody to answer
+                return
+            finally:
+                for descriptor in answer_fds:
+                    os.close(descriptor)
     finally:
         # The agent is gone (or stopped us): no worker may outlive it, nor what its
         # envs started.
