@@ -660,3 +660,73 @@ def test_a_sync_close_after_the_envs_loop_is_gone_still_runs_their_close():
     SlowToClose.closed_indices = []
     aiovec.VecEnv([partial(SlowToClose, i) for i in range(2)], backend="coroutine").close()
     assert sorted(SlowToClose.closed_indices) == [0, 1]
+
+
+def test_a_close_inside_another_loop_after_sync_sends_is_quiet():
+    """Steps sent from synchronous code (on the private loop), then close() inside
+    asyncio.run(): the private loop cannot run there, and its runners are dropped
+    quietly (asyncio said "Task was destroyed but it is pending!" and "coroutine ...
+    was never awaited")."""
+    source = textwrap.dedent(
+        """
+        import asyncio, gc
+        from functools import partial
+        import numpy as np
+        import aiovec
+        from tests.test_coroutine import SlowToClose
+
+        envs = aiovec.VecEnv(
+            [partial(SlowToClose, i, delay=5.0) for i in range(3)], backend="coroutine"
+        )
+        envs.reset(seed=0)
+        envs.send(np.zeros(3, dtype=np.int64))
+
+        async def main():
+            envs.close()
+
+        asyncio.run(main())
+        gc.collect()
+        print("closed", envs.closed)
+        """
+    )
+    result = run_python(source)
+    assert result.returncode == 0, result.stderr
+    assert "closed True" in result.stdout
+    assert "destroyed but it is pending" not in result.stderr, result.stderr
+    assert "never awaited" not in result.stderr, result.stderr
+
+
+def test_a_close_while_the_loop_shuts_down_its_generators_says_to_await_aclose():
+    """close() in the finally of an async generator that asyncio.run() finalizes on its
+    way out comes after the loop stopped taking new work: a RuntimeWarning says so and
+    names `await envs.aclose()` (a ResourceWarning about aiovec's own generator, and
+    envs silently left unclosed, before)."""
+    source = textwrap.dedent(
+        """
+        import asyncio, warnings
+        from functools import partial
+        import aiovec
+        from tests.test_coroutine import SlowToClose
+
+        warnings.simplefilter("always")
+
+        async def rollouts(envs):
+            try:
+                while True:
+                    yield 1
+            finally:
+                envs.close()
+
+        async def main():
+            envs = aiovec.VecEnv([partial(SlowToClose, i) for i in range(2)], backend="coroutine")
+            await envs.areset(seed=0)
+            main.gen = rollouts(envs)
+            await main.gen.__anext__()
+
+        asyncio.run(main())
+        """
+    )
+    result = run_python(source)
+    assert result.returncode == 0, result.stderr
+    assert "RuntimeWarning" in result.stderr and "await envs.aclose()" in result.stderr
+    assert "closing_at_shutdown" not in result.stderr, result.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import warnings
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from typing import Any, cast
 
@@ -187,10 +188,27 @@ class CoroutineBackend(LocalBackend):
                     await self._close_envs(timeout)
 
         hook = closing_at_shutdown()
-        try:  # to its yield, which registers it with the running loop (its firstiter hook)
-            cast("Generator[Any, None, Any]", hook.asend(None)).send(None)
-        except StopIteration:
-            pass
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:  # to its yield, which registers it with the running loop (firstiter hook)
+                cast("Generator[Any, None, Any]", hook.asend(None)).send(None)
+            except StopIteration:
+                pass
+        if any("shutdown_asyncgens" in str(warning.message) for warning in said):
+            # Called from an async generator's finally as the loop shuts down: nothing
+            # will run what is scheduled now to its end.
+            warnings.warn(
+                "close() was called while the event loop shuts down (in the finally of an "
+                "async generator it closes, say): the async envs' close may not finish "
+                "before the loop closes; use `await envs.aclose()` there",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        else:
+            for warning in said:  # not ours to swallow
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
         self._shutdown_hook = hook
 
     async def wait_closed(self) -> None:
@@ -257,6 +275,15 @@ class CoroutineBackend(LocalBackend):
                     private.run_until_complete(asyncio.wait(pending, timeout=CANCEL_GRACE))
                 elif timeout:
                     private.run_until_complete(asyncio.sleep(0))  # cancellations land
+            elif not private.is_closed():
+                # Another loop runs in this thread, so this one cannot: its runners are
+                # dropped, quietly (closing a loop over pending tasks warns about each).
+                for runner in runners:
+                    if runner.get_loop() is private and not runner.done():
+                        runner._log_destroy_pending = False  # type: ignore[attr-defined]
+                        coroutine = runner.get_coro()
+                        if coroutine is not None:
+                            coroutine.close()  # its env's finally blocks run now
             private.close()
 
 
