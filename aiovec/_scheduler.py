@@ -411,16 +411,17 @@ class Scheduler:
                 belongs to one thread at a time); nothing was done.
         """
         thread = threading.get_ident()
-        if self._calls:
-            if thread != self._call_thread:
-                raise RuntimeError(
-                    "this vector env is being used by another thread right now; a vector "
-                    "env belongs to one thread at a time: hand work between threads with a "
-                    "queue (or loop.call_soon_threadsafe) instead"
-                )
-        else:
-            self._call_thread = thread
+        # None while calls are counted: a signal handler's call (a close()) ran between
+        # this thread's lines below, and ended; still this thread's.
+        if self._calls and self._call_thread not in (None, thread):
+            raise RuntimeError(
+                "this vector env is being used by another thread right now; a vector "
+                "env belongs to one thread at a time: hand work between threads with a "
+                "queue (or loop.call_soon_threadsafe) instead"
+            )
+        if not self._calls:
             self._calls_started = time.perf_counter()
+        self._call_thread = thread
         self._calls += 1
         self.active += 1
 

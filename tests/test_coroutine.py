@@ -730,3 +730,69 @@ def test_a_close_while_the_loop_shuts_down_its_generators_says_to_await_aclose()
     assert result.returncode == 0, result.stderr
     assert "RuntimeWarning" in result.stderr and "await envs.aclose()" in result.stderr
     assert "closing_at_shutdown" not in result.stderr, result.stderr
+
+
+def test_ctrl_c_in_sync_calls_leaves_no_event_loop_behind():
+    """Ctrl-C during synchronous steps of async envs (a notebook cell interrupted, again
+    and again): each time the env closes and its private event loop is closed with it
+    (uvloop's was left "running" and open, ~5 descriptors per interrupted cell); a Ctrl-C
+    while an env computes without awaiting is raised at once (uvloop held it back until
+    every other ready env had run)."""
+    source = textwrap.dedent(
+        """
+        import asyncio, gc, os, signal, threading, time
+        import numpy as np, gymnasium as gym
+        import aiovec
+
+        class Echo(aiovec.AsyncEnv):
+            observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+            async def reset(self, *, seed=None, options=None):
+                return np.zeros(4, np.float32), {}
+            async def step(self, action):
+                await asyncio.sleep(0)
+                if action == 1:  # computes 1 s without awaiting
+                    deadline = time.monotonic() + 1.0
+                    while time.monotonic() < deadline:
+                        pass
+                return np.zeros(4, np.float32), 1.0, False, False, {}
+
+        def descriptors():
+            return len(os.listdir("/proc/self/fd"))
+
+        start = descriptors()
+        for attempt in range(12):
+            envs = aiovec.VecEnv([Echo] * 4, backend="coroutine")
+            envs.reset(seed=0)
+            timer = threading.Timer(0.05 + 0.02 * attempt, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                while True:
+                    envs.step(np.zeros(4, np.int64))
+            except KeyboardInterrupt:
+                pass
+            timer.join()
+            assert envs.closed
+            del envs
+        gc.collect()
+        loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]
+        print("growth", descriptors() - start, "open loops", sum(not l.is_closed() for l in loops))
+        envs = aiovec.VecEnv([Echo] * 3, backend="coroutine")
+        envs.reset(seed=0)
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        started = time.monotonic()
+        try:
+            envs.step(np.ones(3, np.int64))  # three envs computing 1 s each
+        except KeyboardInterrupt:
+            print("interrupted after", round(time.monotonic() - started, 1))
+        timer.join()
+        """
+    )
+    result = run_python(source)
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    growth, open_loops = int(words[1]), int(words[4])
+    assert growth <= 2 and open_loops == 0, result.stdout
+    interrupted = float(result.stdout.split("interrupted after")[1].split()[0])
+    assert interrupted < 2.0, result.stdout  # within the env computing, not all three

@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, cast
@@ -466,7 +467,21 @@ def _runner(
     """A task serving an env's (or a block's) commands on ``loop``."""
     task = loop.create_task(coroutine)
     task.add_done_callback(_retrieve_exit)
+    _runners.add(task)
     return task
+
+
+#: Every runner task not yet collected (see retrieve_interrupts).
+_runners: weakref.WeakSet[asyncio.Task[None]] = weakref.WeakSet()
+
+
+def retrieve_interrupts(loop: asyncio.AbstractEventLoop) -> None:
+    """Retrieve what the runners on ``loop`` ended with, before it closes: a Ctrl-C (or
+    an env's ``sys.exit``) that left the loop at once leaves their done callbacks
+    (:func:`_retrieve_exit`) unrun, and asyncio would log it as "never retrieved"."""
+    for task in list(_runners):
+        if task.get_loop() is loop and task.done() and not task.cancelled():
+            task.exception()
 
 
 def _retrieve_exit(task: asyncio.Future[Any]) -> None:

@@ -24,6 +24,7 @@ from aiovec._worker.async_server import (
     AsyncBlockServer,
     AsyncEnvServer,
     close_after,
+    retrieve_interrupts,
 )
 from aiovec._worker.blocks import BlockHost
 from aiovec._worker.host import EnvHost, call_errors
@@ -66,6 +67,7 @@ class CoroutineBackend(LocalBackend):
         #: private one while a sync call waited on it: that wait runs it to its end).
         self._scheduled_close: asyncio.Task[None] | None = None
         self._envs_closed = False  # that close ran (to its end: it finishes regardless)
+        self._waiting_thread: int | None = None  # in wait_blocking's run of the loop
         #: Awaits (or runs) that close when its loop shuts down: see _close_at_loop_shutdown.
         self._shutdown_hook: AsyncGenerator[None, None] | None = None
 
@@ -79,7 +81,10 @@ class CoroutineBackend(LocalBackend):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             if self._private_loop is None:
-                self._private_loop = new_event_loop()
+                # asyncio's, not uvloop: a Ctrl-C in an env's code on uvloop is held back
+                # until every ready env has run, and leaves that loop marked running, so
+                # it can never be closed (its descriptors leak, a notebook cell at a time).
+                self._private_loop = new_event_loop("asyncio")
             loop = self._private_loop
         if loop is not self._loop and self._server.runners:
             if self._server.busy():
@@ -133,14 +138,12 @@ class CoroutineBackend(LocalBackend):
             return self.poll()
         loop = self._current_loop()
         waiting = self.wait(timeout)
+        # While set, a signal handler's close() schedules the envs' close here (run
+        # below) even where the loop does not count as running yet or any more: a
+        # run_until_complete of its own, nested in this one, would stop this one.
+        self._waiting_thread = threading.get_ident()
         try:
             messages = loop.run_until_complete(waiting)
-            scheduled = self._scheduled_close
-            if scheduled is not None and scheduled.get_loop() is loop and not loop.is_closed():
-                self._scheduled_close = None
-                loop.run_until_complete(scheduled)  # the envs' close, asked for meanwhile
-                loop.close()
-            return messages
         except RuntimeError:
             if not loop.is_closed():
                 raise
@@ -148,6 +151,14 @@ class CoroutineBackend(LocalBackend):
             # by an empty answer, raises ClosedError.
             waiting.close()
             return []
+        finally:
+            self._waiting_thread = None
+        scheduled = self._scheduled_close
+        if scheduled is not None and scheduled.get_loop() is loop and not loop.is_closed():
+            self._scheduled_close = None
+            loop.run_until_complete(scheduled)  # the envs' close, asked for meanwhile
+            loop.close()
+        return messages
 
     # --- shutdown -------------------------------------------------------------------------
 
@@ -249,7 +260,11 @@ class CoroutineBackend(LocalBackend):
         except RuntimeError:
             running = None
         loop = self._loop or self._private_loop
-        if running is None and loop is not None and loop.is_running():
+        if (
+            running is None
+            and loop is not None
+            and (loop.is_running() or self._waiting_thread == threading.get_ident())
+        ):
             running = loop  # this thread's (see _loop_elsewhere), as a signal handler saw it
         if running is not None and timeout:
             # Nobody awaits it (but wait_closed): it ends even if asyncio.run() cancels it
@@ -284,6 +299,7 @@ class CoroutineBackend(LocalBackend):
                         coroutine = runner.get_coro()
                         if coroutine is not None:
                             coroutine.close()  # its env's finally blocks run now
+            retrieve_interrupts(private)
             private.close()
 
 
