@@ -647,40 +647,31 @@ print(sorted(set(outcomes)))
     assert result.stdout.strip() == "['ClosedError']", (result.stdout, result.stderr)
 
 
-def test_every_descriptor_limit_failure_at_construction_says_what_to_do(tmp_path):
+def test_every_descriptor_limit_failure_at_construction_says_what_to_do():
     """Whichever descriptor the limit hits first while a vector env starts (the shared
     region's mapping, a pipe of the zygote, a socket pair, a pidfd), the error says what
     to change (a bare "Too many open files" came from the mapping)."""
-    script = tmp_path / "agent.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import resource
-            import aiovec
-            from tests.envs import CounterEnv
+    source = textwrap.dedent(
+        """
+        import resource
+        import aiovec
+        from tests.envs import CounterEnv
 
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            for limit in range(8, 48):
-                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-                try:
-                    aiovec.VecEnv([CounterEnv] * 32, num_workers=4).close()
-                except OSError as error:
-                    said = "hint" if "ulimit -n" in str(error) else repr(error)
-                    print("limit", limit, "errno", error.errno, said)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-            with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
-                venv.reset()
-                print("then:", venv.step([0, 0])[0][:, 1].tolist())
-            """
-        )
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        for limit in range(8, 48):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+            try:
+                aiovec.VecEnv([CounterEnv] * 32, num_workers=4).close()
+            except OSError as error:
+                said = "hint" if "ulimit -n" in str(error) else repr(error)
+                print("limit", limit, "errno", error.errno, said)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with aiovec.VecEnv([CounterEnv] * 2, num_workers=2) as venv:
+            venv.reset()
+            print("then:", venv.step([0, 0])[0][:, 1].tolist())
+        """
     )
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
+    result = run_python(source, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     failures = [line for line in result.stdout.splitlines() if line.startswith("limit")]
     assert failures, result.stdout  # the low limits do fail
