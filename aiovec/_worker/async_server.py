@@ -207,13 +207,7 @@ class AsyncEnvServer:
             recovery.cancel()
             ended, _ = await asyncio.wait([recovery], timeout=CANCEL_GRACE)
             error = StepTimeoutError(None, [env_id], [env_id], timeout)
-            abandoned = self.host.abandon(env_id, error)
-            try:
-                closing = abandoned.close()  # an async env's close: not waited for
-            except call_errors():
-                closing = None
-            if inspect.isawaitable(closing):
-                asyncio.ensure_future(closing).add_done_callback(_forget_outcome)
+            _start_closing([self.host.abandon(env_id, error)])  # not waited for
             if not ended:  # it ignores its cancellation: no attempt may race with it
                 return StepOutcome(env_id, None, error_info(env_id, "step", error), False)
 
