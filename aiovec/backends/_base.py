@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -69,6 +70,10 @@ class WorkerGone(Exception):
 WorkerEvent = tuple[int, "Reply | WorkerExit"]
 
 
+#: Seconds a spinning wait holds the event loop between two turns it gives it.
+SPIN_SLICE = 50e-6
+
+
 class Wakeup:
     """What a backend's ``wait`` awaits: woken by a message, or by the timeout."""
 
@@ -76,12 +81,34 @@ class Wakeup:
         self._future: asyncio.Future[None] | None = None
         #: A :meth:`nudge` came while nothing waited: the next wait returns at once.
         self._nudged = False
+        #: A wait is spinning (see :meth:`wait`); ``_spin_woken``: :meth:`wake` came meanwhile.
+        self._spinning = False
+        self._spin_woken = False
         self._woken_at = 0.0
         #: Seconds from the last :meth:`wake` to its waiter running again (the event
         #: loop's lag), until taken by :meth:`take_lag`.
         self._lag: float | None = None
 
-    async def wait(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
+    async def wait(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout: float | None,
+        spin: float = 0.0,
+        poll: Callable[[float], bool] | None = None,
+    ) -> None:
+        """Return once woken, or after ``timeout`` seconds.
+
+        ``spin``: for up to that many seconds first, call ``poll(seconds)`` (polls the
+        backend's descriptors for up to ``seconds`` and handles what came; returns
+        whether anything did) and give the loop a turn, by turns, instead of letting
+        the loop sleep in ``select``: a message then costs no wake-up from sleep, and
+        other tasks wait at most :data:`SPIN_SLICE` for their turn."""
+        if spin and poll is not None:
+            started = time.perf_counter()
+            if await self._spin(min(spin, math.inf if timeout is None else timeout), poll):
+                return
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.perf_counter() - started))
         self._future = loop.create_future()
         if self._nudged:  # (checked once the future is there: see nudge)
             self._nudged = False
@@ -95,7 +122,31 @@ class Wakeup:
             if timer is not None:
                 timer.cancel()
 
+    async def _spin(self, seconds: float, poll: Callable[[float], bool]) -> bool:
+        """Poll and give the loop turns for ``seconds``; whether anything came (a
+        message, a :meth:`wake` or a nudge)."""
+        self._spinning, self._spin_woken = True, False
+        clock = time.perf_counter
+        deadline = clock() + seconds
+        try:
+            while True:
+                found = poll(min(SPIN_SLICE, max(0.0, deadline - clock())))
+                await asyncio.sleep(0)  # the other tasks' turn, found or not
+                if found or self._spin_woken or self._nudged:
+                    if not found:
+                        self._nudged = False
+                        self._lag = clock() - self._woken_at
+                    return True
+                if clock() >= deadline:
+                    return False
+        finally:
+            self._spinning = False
+
     def wake(self) -> None:
+        if self._spinning:
+            if not self._spin_woken:
+                self._spin_woken, self._woken_at = True, time.perf_counter()
+            return
         if self._future is not None and not self._future.done():
             self._future.set_result(None)
             self._woken_at = time.perf_counter()

@@ -170,10 +170,17 @@ class ProcessBackend(Backend):
                 f"workers, got {num_workers}"
             )
         cores = os.cpu_count() or 1
-        if spin is None:  # poll briefly only while every process can have a core of its own
+        # Poll briefly only while every process that needs a core can have one: the
+        # workers' window (and the agent's) from the start when there are fewer workers
+        # than cores; by default the agent also spins once fewer than that many workers
+        # keep stepping in turn (the rest step waiting envs in threads: see _spin_begin).
+        self._spin_by_default = spin is None
+        self._cores = cores
+        if spin is None:
             spin = DEFAULT_SPIN if num_workers < cores else 0.0
         self.spin = spin
-        self._spin_policy = SpinPolicy(spin)  # spins only while spinning pays
+        # spins only while spinning pays
+        self._spin_policy = SpinPolicy(DEFAULT_SPIN if self._spin_by_default else spin)
         self.groups = split_groups(remote_units, num_workers, size)
         context = default_context() if context is None else context
         # A forked worker inherits its factories, as AsyncVectorEnv's do under fork: they
@@ -580,47 +587,78 @@ class ProcessBackend(Backend):
         if self._starting:
             timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
-            await self._wakeup.wait(loop, timeout)
+            spin = self._spin_begin()
+            await self._wakeup.wait(loop, timeout, spin or 0.0, self._spin_poll_once)
+            if spin is not None and self._inbox:
+                self._spin_policy.end()
         else:  # a turn for the loop's other tasks all the same (see wait_suspends)
             await asyncio.sleep(0)
         messages, self._inbox = self._inbox, []
         return messages
 
+    def _spin_begin(self) -> float | None:
+        """A wait starts: the seconds to spin first (0: sleep at once, measured by the
+        spin policy; ``None``: sleep at once, spinning is not allowed). It is allowed
+        while the processes that need a core are no more than the cores: this one, and
+        the workers that step their envs in turn (those stepping waiting envs in
+        threads mostly sleep); then the policy decides whether it pays."""
+        if self.spin or (
+            self._spin_by_default and len(self._processes) - len(self._concurrent) < self._cores
+        ):
+            return self._spin_policy.begin()
+        return None
+
     def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
         timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
-            if self._poller is None:
-                self._poller = select.poll()
-                for worker in range(len(self._processes)):
-                    if worker not in self._dead:
-                        interest = select.POLLIN | (select.POLLOUT if worker in self._unsent else 0)
-                        self._poller.register(self._connections[worker].fileno(), interest)
-                        self._poller.register(self._processes[worker].sentinel, select.POLLIN)
-            spin = self._spin_policy.begin()
+            spin = self._spin_begin()
             events = self._spin_poll(spin) if spin else []
             if not events:
-                events = self._poller.poll(None if timeout is None else timeout * 1000)
-            if events:
+                events = self._ready_poller().poll(None if timeout is None else timeout * 1000)
+            if events and spin is not None:
                 self._spin_policy.end()
-            for fd, mask in events:
-                worker = self._worker_of_fd[fd]
-                if worker not in self._dead:
-                    if mask & select.POLLOUT:
-                        self._flush(worker)
-                    self._drain(worker, self._connections[worker])
-                    if fd == self._processes[worker].sentinel:
-                        self._on_exit(worker)
+            self._handle(events)
         messages, self._inbox = self._inbox, []
         return messages
 
+    def _ready_poller(self) -> select.poll:
+        """The poller of every live worker's socket (and its room, while something waits
+        to be sent to it) and sentinel; rebuilt after any change to those."""
+        if self._poller is None:
+            self._poller = select.poll()
+            for worker in range(len(self._processes)):
+                if worker not in self._dead:
+                    interest = select.POLLIN | (select.POLLOUT if worker in self._unsent else 0)
+                    self._poller.register(self._connections[worker].fileno(), interest)
+                    self._poller.register(self._processes[worker].sentinel, select.POLLIN)
+        return self._poller
+
+    def _handle(self, events: list[tuple[int, int]]) -> None:
+        """Act on what :meth:`_ready_poller` found: send, receive, note exits."""
+        for fd, mask in events:
+            worker = self._worker_of_fd[fd]
+            if worker not in self._dead:
+                if mask & select.POLLOUT:
+                    self._flush(worker)
+                self._drain(worker, self._connections[worker])
+                if fd == self._processes[worker].sentinel:
+                    self._on_exit(worker)
+
     def _spin_poll(self, seconds: float) -> list[tuple[int, int]]:
         deadline = time.perf_counter() + seconds
-        poll = cast(select.poll, self._poller).poll  # built by wait_blocking, the caller
+        poll = self._ready_poller().poll
         while time.perf_counter() < deadline:
             events = poll(0)
             if events:
                 return events
         return []
+
+    def _spin_poll_once(self, seconds: float) -> bool:
+        """Poll for up to ``seconds`` and act on what came; whether anything did (for
+        :meth:`Wakeup.wait`: the event loop's own callbacks do the same when it polls)."""
+        events = self._spin_poll(seconds)
+        self._handle(events)
+        return bool(events)
 
     def _drain(self, worker: int, connection: Channel) -> None:
         controls = self._controls[worker]
