@@ -194,14 +194,14 @@ class VecEnv(SplitCalls, VectorEnv):
             cross-core wake-up per step in lockstep; their steps block the event loop,
             so keep it 0 for envs that wait (sleep, IO).
         spin: seconds a waiting side polls before sleeping (process backend). Default:
-            200 µs when there are more cores than workers, else 0 (spinning only pays
-            while a core would otherwise idle); this process also spins (200 µs) once
-            fewer workers than cores step their envs in turn (workers stepping envs
-            that mostly wait in threads hardly use a core). Each side times its waits
-            both ways and spins only while that is faster than sleeping at once
-            (another process wanting the core, say, makes spinning lose: it then
-            mostly stops). A spin inside ``await`` gives the event loop a turn every
-            50 µs, so other tasks keep running.
+            200 µs for workers and 500 µs for this process when there are more cores
+            than workers, else 0 (spinning only pays while a core would otherwise
+            idle); this process also spins once fewer workers than cores step their
+            envs in turn (workers stepping envs that mostly wait in threads hardly use
+            a core). Each side times its waits both ways and spins only while that
+            is faster than sleeping at once (another process wanting the core, say,
+            makes spinning lose: it then mostly stops). A spin inside ``await`` gives
+            the event loop a turn every 50 µs, so other tasks keep running.
         on_failure: ``"raise"`` reports a failing env (exception, crash, timeout) as an
             error; ``"restart"`` rebuilds it from its factory instead: that env's result
             is then a fresh reset observation with ``truncated=True``, reward 0 and

@@ -15,6 +15,10 @@ from time import perf_counter
 EXPLORE_EVERY = 16
 #: Weight of the newest wait in each way's running average.
 SMOOTHING = 0.1
+#: Waits averaging more than this many spin windows (either way) are not spun: a spin
+#: would end in a sleep all the same nearly every time, burning its window for nothing
+#: (lockstep over envs that sleep milliseconds, say).
+LONG_WAITS = 4
 
 
 class SpinPolicy:
@@ -22,9 +26,10 @@ class SpinPolicy:
 
     Guarantees: the time from the start of a wait to its frame is averaged separately
     for waits that spun and waits that slept at once; each wait uses the way whose
-    average is lower, except one in :data:`EXPLORE_EVERY`, which uses the other. So
-    with spinning on, waits cost at most about what they cost with it off, plus the
-    exploration. A ``window`` of 0 never spins and measures nothing.
+    average is lower (sleeping, when both averages exceed :data:`LONG_WAITS` windows),
+    except one in :data:`EXPLORE_EVERY`, which uses the other. So with spinning on,
+    waits cost at most about what they cost with it off, plus the exploration. A
+    ``window`` of 0 never spins and measures nothing.
     """
 
     __slots__ = ("window", "_average", "_spinning", "_started", "_count")
@@ -42,7 +47,8 @@ class SpinPolicy:
             return 0.0
         self._count += 1
         slept, spun = self._average
-        spin = (spun <= slept) != (self._count % EXPLORE_EVERY == 0)
+        faster = spun <= slept and min(slept, spun) <= LONG_WAITS * self.window
+        spin = faster != (self._count % EXPLORE_EVERY == 0)
         self._spinning = spin
         self._started = perf_counter()
         return self.window if spin else 0.0
