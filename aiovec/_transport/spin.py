@@ -16,9 +16,10 @@ EXPLORE_EVERY = 16
 #: Weight of the newest wait in each way's running average.
 SMOOTHING = 0.1
 #: Waits averaging more than this many spin windows (either way) are not spun: a spin
-#: would end in a sleep all the same nearly every time, burning its window for nothing
-#: (lockstep over envs that sleep milliseconds, say).
-LONG_WAITS = 4
+#: would end in a sleep all the same most of the time, burning its window for little
+#: (lockstep over envs that sleep milliseconds, say: the agent waits for each env's
+#: reply in turn, and only the last one's wake-up delays the step).
+LONG_WAITS = 1
 
 
 class SpinPolicy:
