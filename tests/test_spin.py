@@ -116,6 +116,7 @@ async def test_a_nudge_during_a_spin_ends_it():
     loop = asyncio.get_running_loop()
     threading.Timer(0.05, wakeup.nudge).start()
     await asyncio.wait_for(wakeup.wait(loop, None, 60.0, lambda seconds: False), 30)
+    assert wakeup.take_lag() is None  # no wake() was waited for: no loop lag to report
 
 
 @pytest.mark.parametrize("concurrent_envs", [True, False])

@@ -133,8 +133,8 @@ class Wakeup:
                 found = poll(min(SPIN_SLICE, max(0.0, deadline - clock())))
                 await asyncio.sleep(0)  # the other tasks' turn, found or not
                 if found or self._spin_woken or self._nudged:
-                    if not found:
-                        self._nudged = False
+                    self._nudged = False  # served: the caller looks again
+                    if self._spin_woken:  # the loop's lag since the wake-up
                         self._lag = clock() - self._woken_at
                     return True
                 if clock() >= deadline:
