@@ -257,8 +257,37 @@ class Scheduler:
 
     # --- receiving ----------------------------------------------------------------------
 
-    async def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> None:
-        """Apply backend messages until ``condition()`` holds.
+    async def wait_for_tickets(self, tickets: list[Ticket], timeout: float | None = None) -> None:
+        """:meth:`wait_until` every ticket of ``tickets`` is done."""
+        await self.wait_until(
+            lambda: all(ticket.done for ticket in tickets),
+            timeout,
+            last_message=lambda: self._replies_owed(tickets) <= 1,
+        )
+
+    def _replies_owed(self, tickets: list[Ticket]) -> int:
+        """How many more messages ``tickets`` need: one per env of a step stepped at once
+        (its envs answer one by one), one per other command."""
+        owed = 0
+        steps_concurrently = self.backend.steps_concurrently
+        for ticket in tickets:
+            if not ticket.done:
+                if ticket.is_step and steps_concurrently(ticket.worker):
+                    owed += len(ticket.env_ids) - len(ticket.answered or ())
+                else:
+                    owed += 1
+        return owed
+
+    async def wait_until(
+        self,
+        condition: Callable[[], bool],
+        timeout: float | None = None,
+        last_message: Callable[[], bool] | None = None,
+    ) -> None:
+        """Apply backend messages until ``condition()`` holds. ``last_message()``: whether
+        the next message may be the last one the condition needs; the backend spins
+        (polls before sleeping) only for that one, whose latency alone delays the caller
+        (default: any message may be).
 
         With :attr:`blocking` set (the synchronous API), waits block in the kernel and
         the coroutine never suspends; otherwise they await the running event loop, and
@@ -293,14 +322,18 @@ class Scheduler:
                     self.stats.record_lag(time.perf_counter() - started)
                     ready = condition()
             if not ready:
-                await self._wait_for(condition, timeout, deadline)
+                await self._wait_for(condition, timeout, deadline, last_message)
         finally:
             self._waiting -= 1
             if not self._waiting:  # count the time any task waited once
                 self.stats.wait_time += time.perf_counter() - self._waits_started
 
     async def _wait_for(
-        self, condition: Callable[[], bool], timeout: float | None, deadline: float | None
+        self,
+        condition: Callable[[], bool],
+        timeout: float | None,
+        deadline: float | None,
+        last_message: Callable[[], bool] | None,
     ) -> None:
         """The rest of :meth:`wait_until`, once ``condition`` was found not to hold: a
         coroutine of its own only then."""
@@ -332,15 +365,16 @@ class Scheduler:
             active, self.active = self.active, 0
             pumped = False
             messages: list[WorkerEvent] | None = None
+            spin = last_message is None or last_message()
             try:
                 if self.blocking:
-                    messages = self.backend.wait_blocking(remaining)
+                    messages = self.backend.wait_blocking(remaining, spin=spin)
                 elif self._pumping:
                     await self._park(remaining)
                 else:
                     pumped = self._pumping = True
                     try:
-                        messages = await self.backend.wait(remaining)
+                        messages = await self.backend.wait(remaining, spin=spin)
                     finally:
                         self._pumping = False
                         if self._parked:  # one of them becomes the pump if it still waits

@@ -662,8 +662,12 @@ class VecEnv(SplitCalls, VectorEnv):
                 )
             return ready >= min(min_envs, outstanding)
 
+        def one_result_short() -> bool:  # the next result may be the last one awaited
+            ready = len(queue)
+            return min(min_envs, ready + scheduler.num_stepping) - ready <= 1
+
         enough_ready()  # fail at once when there is nothing to wait for
-        await scheduler.wait_until(enough_ready, timeout)
+        await scheduler.wait_until(enough_ready, timeout, one_result_short)
         return self._take_batch(max_envs)
 
     @_timed
@@ -689,7 +693,7 @@ class VecEnv(SplitCalls, VectorEnv):
         self, tickets: list[Ticket], timeout: float | None = None
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         scheduler = self._scheduler
-        await scheduler.wait_until(lambda: all(ticket.done for ticket in tickets), timeout)
+        await scheduler.wait_for_tickets(tickets, timeout)
         env_ids = scheduler.take_ready(self.num_envs)
         # Every env (the usual case): env id order without sorting thousands of ids.
         ordered = scheduler.all_env_ids if len(env_ids) == self.num_envs else sorted(env_ids)
@@ -793,7 +797,7 @@ class VecEnv(SplitCalls, VectorEnv):
     async def _reset_wait(
         self, tickets: list[Ticket], timeout: float | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        await self._scheduler.wait_until(lambda: all(t.done for t in tickets), timeout)
+        await self._scheduler.wait_for_tickets(tickets, timeout)
         infos = self._results.reset_infos(tickets)
         return self._results.observations(self.copy), infos
 
@@ -801,7 +805,7 @@ class VecEnv(SplitCalls, VectorEnv):
         self, tickets: list[Ticket], timeout: float | None
     ) -> list[tuple[Ticket, Reply]]:
         """Wait for control tickets; raise the first failure, else return (ticket, reply)."""
-        await self._scheduler.wait_until(lambda: all(t.done for t in tickets), timeout)
+        await self._scheduler.wait_for_tickets(tickets, timeout)
         return self._results.replies(tickets)
 
     # --- calls and attributes -------------------------------------------------------------
@@ -867,7 +871,7 @@ class VecEnv(SplitCalls, VectorEnv):
         self, env_ids: list[int], tickets: list[Ticket], timeout: float | None = None
     ) -> tuple[Any, ...]:
         """The call results, in the order of ``env_ids``."""
-        await self._scheduler.wait_until(lambda: all(t.done for t in tickets), timeout)
+        await self._scheduler.wait_for_tickets(tickets, timeout)
         return self._results.call_values(env_ids, tickets)
 
     @_timed

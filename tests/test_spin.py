@@ -169,3 +169,45 @@ async def test_first_ready_with_a_spinning_agent_loses_nothing_and_lets_other_ta
         finally:
             task.cancel()
         assert turns > received
+
+
+def test_a_lockstep_step_spins_only_for_its_last_reply():
+    """Envs stepped at once answer one by one, and the step waits for the last of them:
+    only that reply's wake-up delays it, so only the wait for it may spin (a spin for
+    each reply burnt the agent's CPU for nothing)."""
+    cores = os.cpu_count() or 1
+    env_fns = [partial(CounterEnv, i, delay=0.004 * i) for i in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=min(cores, 4), concurrent_envs=True) as venv:
+        venv.reset()
+        policy = venv._backend._spin_policy
+        for _ in range(2):  # every worker steps its envs in threads by now
+            venv.step(np.zeros(4, dtype=np.int64))
+        before = policy._count
+        steps = 10
+        for _ in range(steps):
+            venv.step(np.zeros(4, dtype=np.int64))
+        # one wait each step at most may spin (or sleep, measured): the one for its last
+        # reply; the earlier replies are waited for without the policy (3 per step)
+        assert policy._count - before <= steps
+
+
+def test_a_blocking_wait_spins_no_longer_than_its_timeout():
+    """An explicit spin window longer than a step timeout: the hanging env's
+    StepTimeoutError comes at its timeout, not after the spin."""
+    from tests.faulty import FaultyEnv
+
+    class AlwaysSpin(SpinPolicy):  # whatever the waits measured so far
+        __slots__ = ()
+
+        def begin(self) -> float:
+            super().begin()
+            return self.window
+
+    env_fns = [partial(FaultyEnv, 0, "hang", at_step=1)]
+    with aiovec.VecEnv(env_fns, num_workers=1, spin=5.0, step_timeout=0.2) as venv:
+        venv.reset()
+        venv._backend._spin_policy = AlwaysSpin(5.0)
+        started = time.monotonic()
+        with pytest.raises(aiovec.StepTimeoutError):
+            venv.step(np.zeros(1, dtype=np.int64))
+        assert time.monotonic() - started < 4.0  # the 5 s spin window ran whole before

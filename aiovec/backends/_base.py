@@ -219,8 +219,10 @@ class Backend(abc.ABC):
         """Whatever the workers have said since the last call, without waiting."""
 
     @abc.abstractmethod
-    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
-        """Wait in the running event loop until a message is available; ``[]`` on timeout."""
+    async def wait(self, timeout: float | None = None, *, spin: bool = True) -> list[WorkerEvent]:
+        """Wait in the running event loop until a message is available; ``[]`` on timeout.
+        ``spin=False``: the next message is not the last the caller waits for, so a
+        backend that can poll before sleeping does not (its CPU would buy nothing)."""
 
     #: True when :meth:`wait` always gives the event loop a turn (suspends at least once),
     #: even with messages already waiting: a task that waits then needs no other turn.
@@ -232,7 +234,9 @@ class Backend(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
+    def wait_blocking(
+        self, timeout: float | None = None, *, spin: bool = True
+    ) -> list[WorkerEvent]:
         """Like :meth:`wait`, blocking the thread instead (no event loop involved)."""
 
     def ready_since(self, worker: int) -> float:

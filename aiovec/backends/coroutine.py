@@ -122,7 +122,7 @@ class CoroutineBackend(LocalBackend):
         messages, self._inbox = self._inbox, []
         return messages
 
-    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
+    async def wait(self, timeout: float | None = None, *, spin: bool = True) -> list[WorkerEvent]:
         if not self._inbox:
             loop = asyncio.get_running_loop()
             if loop is not self._loop and self._server.busy():
@@ -133,7 +133,9 @@ class CoroutineBackend(LocalBackend):
             await self._wakeup.wait(loop, timeout)
         return self.poll()
 
-    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
+    def wait_blocking(
+        self, timeout: float | None = None, *, spin: bool = True
+    ) -> list[WorkerEvent]:
         if self._inbox:
             return self.poll()
         loop = self._current_loop()

@@ -44,10 +44,12 @@ class InlineBackend(LocalBackend):
         messages, self._outbox = self._outbox, []
         return messages
 
-    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
+    async def wait(self, timeout: float | None = None, *, spin: bool = True) -> list[WorkerEvent]:
         return self.poll()
 
-    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
+    def wait_blocking(
+        self, timeout: float | None = None, *, spin: bool = True
+    ) -> list[WorkerEvent]:
         return self.poll()
 
     def close(self, timeout: float) -> None:

@@ -585,16 +585,16 @@ class ProcessBackend(Backend):
     def take_loop_lag(self) -> float | None:
         return self._wakeup.take_lag()
 
-    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
+    async def wait(self, timeout: float | None = None, *, spin: bool = True) -> list[WorkerEvent]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._bind(loop)
         if self._starting:
             timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
-            spin = self._spin_begin()
-            await self._wakeup.wait(loop, timeout, spin or 0.0, self._spin_poll_once)
-            if spin is not None and self._inbox:
+            window = self._spin_begin() if spin else None
+            await self._wakeup.wait(loop, timeout, window or 0.0, self._spin_poll_once)
+            if window is not None and self._inbox:
                 self._spin_policy.end()
         else:  # a turn for the loop's other tasks all the same (see wait_suspends)
             await asyncio.sleep(0)
@@ -613,14 +613,23 @@ class ProcessBackend(Backend):
             return self._spin_policy.begin()
         return None
 
-    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
+    def wait_blocking(
+        self, timeout: float | None = None, *, spin: bool = True
+    ) -> list[WorkerEvent]:
         timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
-            spin = self._spin_begin()
-            events = self._spin_poll(spin) if spin else []
+            window = self._spin_begin() if spin else None
+            events: list[tuple[int, int]] = []
+            if window:
+                started = time.perf_counter()
+                if timeout is not None:  # the spin is part of the wait, not added to it
+                    window = min(window, timeout)
+                events = self._spin_poll(window)
+                if timeout is not None:
+                    timeout = max(0.0, timeout - (time.perf_counter() - started))
             if not events:
                 events = self._ready_poller().poll(None if timeout is None else timeout * 1000)
-            if events and spin is not None:
+            if events and window is not None:
                 self._spin_policy.end()
             self._handle(events)
         messages, self._inbox = self._inbox, []

@@ -267,7 +267,7 @@ class RayBackend(Backend):
     def poll(self) -> list[WorkerEvent]:
         return self._messages(self._transport.poll())
 
-    async def wait(self, timeout: float | None = None) -> list[WorkerEvent]:
+    async def wait(self, timeout: float | None = None, *, spin: bool = True) -> list[WorkerEvent]:
         if not self._inbox:
             await self._transport.wait(timeout)
         # What woke us is already gathered (read by the loop's callbacks, or an awaited
@@ -280,7 +280,9 @@ class RayBackend(Backend):
         messages, self._inbox = self._inbox, []
         return messages
 
-    def wait_blocking(self, timeout: float | None = None) -> list[WorkerEvent]:
+    def wait_blocking(
+        self, timeout: float | None = None, *, spin: bool = True
+    ) -> list[WorkerEvent]:
         if not self._inbox:
             self._transport.wait_blocking(timeout)
         return self.poll()
