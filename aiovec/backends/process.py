@@ -183,8 +183,8 @@ class ProcessBackend(Backend):
         self._cores = cores
         if spin is None:
             spin = DEFAULT_SPIN if num_workers < cores else 0.0
-        self.spin = spin
-        # spins only while spinning pays
+        self.spin = spin  # the workers' window
+        # This process's: spins only while spinning pays.
         self._spin_policy = SpinPolicy(AGENT_SPIN if self._spin_by_default else spin)
         self.groups = split_groups(remote_units, num_workers, size)
         context = default_context() if context is None else context
