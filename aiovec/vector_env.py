@@ -200,8 +200,10 @@ class VecEnv(SplitCalls, VectorEnv):
             envs in turn (workers stepping envs that mostly wait in threads hardly use
             a core). Each side times its waits both ways and spins only while that
             is faster than sleeping at once (another process wanting the core, say,
-            makes spinning lose: it then mostly stops). A spin inside ``await`` gives
-            the event loop a turn every 50 µs, so other tasks keep running.
+            makes spinning lose: it then mostly stops), never through waits averaging
+            longer than the window, and only for a message that may end the wait (a
+            lockstep step: its last env's reply). A spin inside ``await`` gives the
+            event loop a turn every 50 µs, so other tasks keep running.
         on_failure: ``"raise"`` reports a failing env (exception, crash, timeout) as an
             error; ``"restart"`` rebuilds it from its factory instead: that env's result
             is then a fresh reset observation with ``truncated=True``, reward 0 and
