@@ -593,7 +593,7 @@ class ProcessBackend(Backend):
             timeout = _sooner(timeout, self._expire_starts())
         if not self._inbox:
             window = self._spin_begin() if spin else None
-            await self._wakeup.wait(loop, timeout, window or 0.0, self._spin_poll_once)
+            await self._wakeup.wait(loop, timeout, window or 0.0, self._spin_slice)
             if window is not None and self._inbox:
                 self._spin_policy.end()
         else:  # a turn for the loop's other tasks all the same (see wait_suspends)
@@ -667,9 +667,9 @@ class ProcessBackend(Backend):
                 return events
         return []
 
-    def _spin_poll_once(self, seconds: float) -> bool:
-        """Poll for up to ``seconds`` and act on what came; whether anything did (for
-        :meth:`Wakeup.wait`: the event loop's own callbacks do the same when it polls)."""
+    def _spin_slice(self, seconds: float) -> bool:
+        """One slice of an awaited spin (:meth:`Wakeup.wait`): poll for up to ``seconds``
+        and act on what came, as the event loop's callbacks would; whether anything did."""
         events = self._spin_poll(seconds)
         self._handle(events)
         return bool(events)
