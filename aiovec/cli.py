@@ -322,7 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_before_running(args, args.parser)  # a mistake shows the subcommand's usage
-    return cast(int, args.handler(args))  # every subcommand's handler returns an exit code
+    try:
+        return cast(int, args.handler(args))  # every subcommand's handler returns an exit code
+    except KeyboardInterrupt:
+        # The user's Ctrl-C, after everything the run started was closed (see
+        # aiovec.bench.suite): a traceback would only show where it happened to land.
+        print(f"aiovec {args.command}: interrupted (Ctrl-C); nothing was written", file=sys.stderr)
+        return 130  # the shell's code for a command ended by SIGINT
 
 
 if __name__ == "__main__":

@@ -195,6 +195,9 @@ class _Interrupted:
         self._closed.append(self.name)
         raise BrokenPipeError("[Errno 32] Broken pipe")
 
+    def abandon(self) -> None:  # (what unwinding calls: see Contender.abandon)
+        self.close()
+
 
 def test_ctrl_c_during_a_bench_window_closes_every_contender_and_stays_a_ctrl_c():
     """The KeyboardInterrupt reaches the caller (exit 130), not a close() error raised
@@ -213,3 +216,68 @@ def test_ctrl_c_during_a_bench_window_closes_every_contender_and_stays_a_ctrl_c(
     with pytest.raises(KeyboardInterrupt):
         suite.run_workload(workload, seconds=1.0, repeats=1, progress=lambda _: None)
     assert closed == ["a", "b", "c"]
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_ends_a_bench_with_one_line_and_exit_130(tmp_path):
+    """A user stopping `aiovec bench` sees why it ended, not a traceback of wherever the
+    interrupt landed; every process the run started is gone with it."""
+    import signal
+    import time
+
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "aiovec.cli", "bench", "--workloads", "W3", "--repeats", "50",
+         "--out", str(tmp_path / "out"), "--no-plots", "--quiet"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+
+    def children() -> list[str]:
+        found = subprocess.run(["pgrep", "-P", str(bench.pid)], capture_output=True, text=True)
+        return found.stdout.split()
+
+    deadline = time.monotonic() + 60
+    while len(children()) < 4 and time.monotonic() < deadline:  # contenders started
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the measuring windows
+    bench.send_signal(signal.SIGINT)
+    stdout, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert "interrupted" in stderr
+    assert not children()
+
+
+@pytest.mark.timeout(120)
+def test_unwinding_never_waits_on_a_step_an_interrupt_left_half_sent():
+    """Gymnasium's AsyncVectorEnv.close() waits, with no timeout, for the replies to a
+    pending step; a Ctrl-C between its sends to two workers leaves one that will never
+    come. The bench, unwinding, must end such a contender without waiting for it."""
+    import threading
+
+    import gymnasium as gym
+
+    from aiovec.bench import suite
+    from aiovec.bench.contenders import GymnasiumLockstep
+
+    contender = GymnasiumLockstep(
+        "gymnasium AsyncVectorEnv",
+        "gymnasium",
+        lambda: gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2),
+        env_fn=lambda: gym.make("CartPole-v1"),
+        num_envs=2,
+    )
+    contender.start()
+    env = contender.env
+    env.parent_pipes[0].send(("step", env.action_space.sample()[0]))  # one of two sent
+    env._state = type(env._state).WAITING_STEP
+    done = threading.Event()
+    closer = threading.Thread(
+        target=lambda: (suite._close_all([contender], quietly=True), done.set()), daemon=True
+    )
+    closer.start()
+    assert done.wait(30), "closing the interrupted contender waited forever"
+    assert not any(process.is_alive() for process in env.processes)

@@ -10,7 +10,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
@@ -21,6 +21,21 @@ import aiovec
 from aiovec._worker.timer_slack import set_timer_slack, timer_slack
 
 EnvFn = Callable[[], gym.Env]
+
+
+def _run_window(loop: asyncio.AbstractEventLoop, window: Coroutine[Any, Any, int]) -> int:
+    """Run one timed window (a coroutine returning its step count) on ``loop``.
+
+    If it is interrupted (a Ctrl-C lands in the loop's own code and leaves the window's
+    task pending), the task is cancelled: it ends the next time the loop runs (when
+    the contender is closed), rather than failing then with nobody to see it
+    (asyncio's "Task exception was never retrieved" and its traceback)."""
+    task = loop.create_task(window)
+    try:
+        return loop.run_until_complete(task)
+    except BaseException:
+        task.cancel()
+        raise
 
 
 class Contender:
@@ -44,6 +59,12 @@ class Contender:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def abandon(self) -> None:
+        """Close after a window that was cut short (a Ctrl-C, an error): never wait for
+        work the cut left pending, which may never finish (a step sent to some of a
+        library's workers and not the others). By default the same as :meth:`close`."""
+        self.close()
 
     def stats(self) -> aiovec.Stats | None:
         """The aiovec vector env's :meth:`~aiovec.VecEnv.stats` (``None`` for others)."""
@@ -78,6 +99,12 @@ class GymnasiumLockstep(Contender):
     def close(self) -> None:
         self.env.close()
 
+    def abandon(self) -> None:
+        # Gymnasium's AsyncVectorEnv waits for a pending call's replies unless told to
+        # terminate its workers (aiovec's vector envs take the same flag, and never wait
+        # past their close timeout; SyncVectorEnv ignores it).
+        self.env.close(terminate=True)
+
 
 class AiovecFirstReady(Contender):
     """aiovec's ``send``/``recv``: re-send to whichever envs finished first."""
@@ -110,7 +137,7 @@ class AiovecFirstReady(Contender):
         self._loop = aiovec.new_event_loop()  # one loop for every window: async envs live on it
 
     def run(self, seconds: float) -> int:
-        return self._loop.run_until_complete(self._run(seconds))
+        return _run_window(self._loop, self._run(seconds))
 
     async def _run(self, seconds: float) -> int:
         env, actions, batch_size, steps = self.env, self._actions, self.batch_size, 0
@@ -167,7 +194,7 @@ class BareAsyncioFloor(Contender):
         previous = timer_slack()
         set_timer_slack()
         try:
-            return self._loop.run_until_complete(self._run(seconds))
+            return _run_window(self._loop, self._run(seconds))
         finally:
             if previous is not None:
                 set_timer_slack(previous)
@@ -323,6 +350,18 @@ class SB3Lockstep(GymnasiumLockstep):
         self._actions = [
             np.stack([space.sample() for _ in range(self.num_envs)]) for _ in range(16)
         ]
+
+    def abandon(self) -> None:
+        processes = getattr(self.env, "processes", None)
+        if processes is None:  # DummyVecEnv: nothing pending to wait for
+            self.close()
+            return
+        # SubprocVecEnv.close() first reads every worker's reply to a pending step, with
+        # no timeout: its workers are stopped instead.
+        for process in processes:
+            process.terminate()
+            process.join()
+        self.env.closed = True
 
 
 class _StepActor:

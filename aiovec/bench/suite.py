@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -85,11 +86,17 @@ def run_workload(
 def _close_all(contenders: list[Contender], quietly: bool) -> None:
     """Close every contender, even after one fails to; the first failure is raised at
     the end unless ``quietly`` (unwinding from another error, e.g. a Ctrl-C that the
-    libraries' workers took too, which that error must reach the caller as)."""
+    libraries' workers took too, which that error must reach the caller as: then each
+    is abandoned, see :meth:`Contender.abandon`, with the libraries' warnings muted)."""
     failure: Exception | None = None
     for contender in contenders:
         try:
-            contender.close()
+            if quietly:  # what the libraries say of the cut (their workers' tracebacks
+                with warnings.catch_warnings():  # of the same Ctrl-C) is no news
+                    warnings.simplefilter("ignore")
+                    contender.abandon()
+            else:
+                contender.close()
         except Exception as exc:
             failure = failure or exc
     if failure is not None and not quietly:
