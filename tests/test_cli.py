@@ -281,3 +281,28 @@ def test_unwinding_never_waits_on_a_step_an_interrupt_left_half_sent():
     closer.start()
     assert done.wait(30), "closing the interrupted contender waited forever"
     assert not any(process.is_alive() for process in env.processes)
+
+
+@pytest.mark.timeout(120)
+def test_unwinding_stops_sb3_workers_left_with_a_half_sent_step():
+    """SB3's SubprocVecEnv.close() reads every worker's reply to a pending step, with no
+    timeout: the same cut must not hold the bench either."""
+    import threading
+
+    import gymnasium as gym
+
+    from aiovec.bench import suite
+    from aiovec.bench.contenders import SB3Lockstep
+
+    contender = SB3Lockstep("SubprocVecEnv", env_fn=lambda: gym.make("CartPole-v1"), num_envs=2)
+    contender.start()
+    env = contender.env
+    env.remotes[0].send(("step", env.action_space.sample()))  # one of two sent
+    env.waiting = True
+    done = threading.Event()
+    closer = threading.Thread(
+        target=lambda: (suite._close_all([contender], quietly=True), done.set()), daemon=True
+    )
+    closer.start()
+    assert done.wait(30), "closing the interrupted contender waited forever"
+    assert not any(process.is_alive() for process in env.processes)

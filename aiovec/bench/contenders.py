@@ -360,7 +360,11 @@ class SB3Lockstep(GymnasiumLockstep):
         # no timeout: its workers are stopped instead.
         for process in processes:
             process.terminate()
-            process.join()
+        for process in processes:
+            process.join(5)
+            if process.is_alive():  # (stuck in an env's code that ignores SIGTERM)
+                process.kill()
+                process.join()
         self.env.closed = True
 
 
