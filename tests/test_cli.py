@@ -251,16 +251,28 @@ def test_ctrl_c_ends_a_bench_with_one_line_and_exit_130(tmp_path):
     assert not children()
 
 
+def _abandon_within(contender, seconds: float) -> None:
+    """Unwind ``contender`` as the bench does after a Ctrl-C, failing if that waits
+    ``seconds`` (in a daemon thread: a wait forever must not hold the test run)."""
+    import threading
+
+    from aiovec.bench import suite
+
+    done = threading.Event()
+    closer = threading.Thread(
+        target=lambda: (suite._close_all([contender], quietly=True), done.set()), daemon=True
+    )
+    closer.start()
+    assert done.wait(seconds), "closing the interrupted contender waited forever"
+
+
 @pytest.mark.timeout(120)
 def test_unwinding_never_waits_on_a_step_an_interrupt_left_half_sent():
     """Gymnasium's AsyncVectorEnv.close() waits, with no timeout, for the replies to a
     pending step; a Ctrl-C between its sends to two workers leaves one that will never
     come. The bench, unwinding, must end such a contender without waiting for it."""
-    import threading
-
     import gymnasium as gym
 
-    from aiovec.bench import suite
     from aiovec.bench.contenders import GymnasiumLockstep
 
     contender = GymnasiumLockstep(
@@ -274,12 +286,7 @@ def test_unwinding_never_waits_on_a_step_an_interrupt_left_half_sent():
     env = contender.env
     env.parent_pipes[0].send(("step", env.action_space.sample()[0]))  # one of two sent
     env._state = type(env._state).WAITING_STEP
-    done = threading.Event()
-    closer = threading.Thread(
-        target=lambda: (suite._close_all([contender], quietly=True), done.set()), daemon=True
-    )
-    closer.start()
-    assert done.wait(30), "closing the interrupted contender waited forever"
+    _abandon_within(contender, seconds=30)
     assert not any(process.is_alive() for process in env.processes)
 
 
@@ -287,11 +294,8 @@ def test_unwinding_never_waits_on_a_step_an_interrupt_left_half_sent():
 def test_unwinding_stops_sb3_workers_left_with_a_half_sent_step():
     """SB3's SubprocVecEnv.close() reads every worker's reply to a pending step, with no
     timeout: the same cut must not hold the bench either."""
-    import threading
-
     import gymnasium as gym
 
-    from aiovec.bench import suite
     from aiovec.bench.contenders import SB3Lockstep
 
     contender = SB3Lockstep("SubprocVecEnv", env_fn=lambda: gym.make("CartPole-v1"), num_envs=2)
@@ -299,10 +303,5 @@ def test_unwinding_stops_sb3_workers_left_with_a_half_sent_step():
     env = contender.env
     env.remotes[0].send(("step", env.action_space.sample()))  # one of two sent
     env.waiting = True
-    done = threading.Event()
-    closer = threading.Thread(
-        target=lambda: (suite._close_all([contender], quietly=True), done.set()), daemon=True
-    )
-    closer.start()
-    assert done.wait(30), "closing the interrupted contender waited forever"
+    _abandon_within(contender, seconds=30)
     assert not any(process.is_alive() for process in env.processes)
