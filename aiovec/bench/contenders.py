@@ -38,6 +38,15 @@ def _run_window(loop: asyncio.AbstractEventLoop, window: Coroutine[Any, Any, int
         raise
 
 
+def _reap(process: Any, grace: float = 5.0) -> None:
+    """Wait up to ``grace`` seconds for ``process`` to exit (it was told to), then kill
+    it (stuck in an env's code that ignores the request) and wait for that."""
+    process.join(grace)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
 class Contender:
     """One library in one mode. Subclasses build the env and step it for a while."""
 
@@ -304,10 +313,7 @@ class ParallelCeiling(Contender):
     def close(self) -> None:
         for pipe, process in zip(self._pipes, self._children):
             pipe.send(None)
-            process.join(5)
-            if process.is_alive():
-                process.kill()
-                process.join()
+            _reap(process)
             pipe.close()
 
 
@@ -361,10 +367,7 @@ class SB3Lockstep(GymnasiumLockstep):
         for process in processes:
             process.terminate()
         for process in processes:
-            process.join(5)
-            if process.is_alive():  # (stuck in an env's code that ignores SIGTERM)
-                process.kill()
-                process.join()
+            _reap(process)
         self.env.closed = True
 
 
