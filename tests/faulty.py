@@ -6,6 +6,7 @@ import itertools
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -297,3 +298,21 @@ class WatchdogEnv(CounterEnv):
         if self.env_index == self.armed:
             signal.setitimer(signal.ITIMER_REAL, 0.05)
         return super().step(action)
+
+
+class UnsendableInfoEnv(CounterEnv):
+    """Env ``bad_env``'s steps return an info that cannot be pickled."""
+
+    def __init__(self, env_index, bad_env):
+        super().__init__(env_index)
+        self.bad = env_index == bad_env
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return (
+            observation,
+            reward,
+            terminated,
+            truncated,
+            {"lock": threading.Lock()} if self.bad else info,
+        )

@@ -28,6 +28,7 @@ from tests.faulty import (
     FailingConstructorEnv,
     FaultyEnv,
     GeneratorExitAsyncEnv,
+    UnsendableInfoEnv,
     WatchdogEnv,
 )
 from tests.helpers import random_traffic, start_agent, workers
@@ -880,3 +881,29 @@ def test_workers_lost_with_their_zygote_say_so():
     with aiovec.VecEnv(env_fns, num_workers=2) as venv:  # a new zygote
         venv.reset(seed=0)
         venv.step([0, 0])
+
+
+@pytest.mark.parametrize("first_ready", [False, True], ids=["lockstep", "first-ready"])
+def test_an_info_that_cannot_be_sent_back_fails_only_its_env(first_ready):
+    # Four envs in one worker, answered in one reply: only env 3's info cannot travel.
+    fns = [partial(UnsendableInfoEnv, i, 3) for i in range(4)]
+    with aiovec.VecEnv(fns, num_workers=1) as venv:
+        venv.reset(seed=0)
+        actions = np.zeros(4, dtype=np.int64)
+        if not first_ready:
+            with pytest.raises(TypeError, match="could not be sent back") as caught:
+                venv.step(actions)
+            assert caught.value.env_index == 3 and "_thread.lock" in str(caught.value)
+            return
+        venv.send(actions)
+        observations, error = {}, None
+        while len(observations) + (error is not None) < 4:  # each env answers once
+            try:
+                batch = aiovec.run(venv.recv())
+            except TypeError as exc:
+                error = exc
+                continue
+            observations.update(zip(batch.env_ids, batch.observations))
+        assert error is not None and error.env_index == 3
+        assert "could not be sent back" in str(error)
+        assert {i: observation[0] for i, observation in observations.items()} == {0: 0, 1: 1, 2: 2}

@@ -566,3 +566,19 @@ def _one_actor(env_fns) -> aiovec.VecEnv:
     return aiovec.VecEnv(
         env_fns, backend="ray", num_workers=1, step_timeout=0.5, ray_options={"num_cpus": 0}
     )
+
+
+@TRANSPORT
+def test_an_info_that_cannot_be_sent_back_fails_only_its_env_and_the_actor_goes_on(transport):
+    from tests.faulty import UnsendableInfoEnv
+
+    fns = [partial(UnsendableInfoEnv, i, 3) for i in range(4)]
+    with aiovec.VecEnv(
+        fns, backend="ray", num_workers=1, ray_options={"transport": transport, "num_cpus": 0}
+    ) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(TypeError, match="could not be sent back") as caught:
+            venv.step(np.zeros(4, dtype=np.int64))
+        assert caught.value.env_index == 3 and "_thread.lock" in str(caught.value)
+        assert venv.call("env_index") == (0, 1, 2, 3)  # the actor lives on
+        assert venv.worker_restarts == (0,)

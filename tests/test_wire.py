@@ -173,10 +173,29 @@ def test_errors_standing_for_a_block_keep_every_env_id():
     assert isinstance(exception, RuntimeError) and exception.env_index == 4
 
 
-def test_a_value_that_cannot_be_pickled_fails_only_its_reply():
+@pytest.mark.parametrize("field", ["infos", "values", "observations"])
+def test_a_value_that_cannot_be_pickled_fails_only_its_env(field):
     import threading
 
-    reply = Reply(2, [0, 1], values=[threading.Lock(), 1])
+    # Env 4 stepped and its info cannot travel; envs 3 and 5 are fine, and so is the
+    # error env 6 raised itself: only env 4's part is replaced by an error.
+    raised = ErrorInfo(6, "step", "RuntimeError", "boom", "tb", exc_module="builtins")
+    parts = [{"a": 1}, {"lock": threading.Lock()}, {"b": 2}, None]
+    reply = Reply(2, [3, 4, 5, 6], errors=[raised], busy=0.5, **{field: parts})
     decoded = decode_message(encode_reply(reply))
+    assert decoded.env_ids == [3, 4, 5, 6] and decoded.busy == 0.5
+    assert getattr(decoded, field) == [{"a": 1}, None, {"b": 2}, None]
+    assert [(error.env_id, error.exc_type) for error in decoded.errors] == [
+        (6, "RuntimeError"),
+        (4, "TypeError"),
+    ]
+    message = decoded.errors[1].message
+    assert "could not be sent back" in message and "_thread.lock" in message
+
+
+def test_a_reply_that_cannot_be_encoded_as_a_whole_fails_each_of_its_envs():
+    # No env's own part to blame (an error text that cannot be encoded): every env fails.
+    unsendable = ErrorInfo(0, "step", "RuntimeError", "bad \udcff", "", exc_module="builtins")
+    decoded = decode_message(encode_reply(Reply(2, [0, 1], infos=[{}, {}], errors=[unsendable])))
     assert [error.env_id for error in decoded.errors] == [0, 1]
     assert "could not be sent back" in decoded.errors[0].message

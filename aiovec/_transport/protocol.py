@@ -415,23 +415,64 @@ def encode_reply(reply: Reply, group: list[int] | None = None) -> bytes:
     """``reply`` as one frame for :func:`decode_message`; a reply for all of ``group``
     (the very list) travels without its env ids.
 
-    A value that cannot be pickled (an info, a call's result) fails that reply's envs
-    with a ``TypeError`` naming it, rather than the worker."""
+    A value that cannot be pickled (an info, a call's result) fails only the env it
+    came from, with a ``TypeError`` naming it, rather than the worker or the reply's
+    other envs; if the reply cannot travel for another reason, each of its envs fails."""
+    parts = reply.infos, reply.values, reply.observations  # before wire_reply converts them
     try:
-        wire = wire_reply(reply)
-        if group is not None and wire.env_ids is group:
-            wire = msgspec.structs.replace(wire, env_ids=[])
-        return encode(wire)
+        return _encode_wire(wire_reply(reply), group)
     except Exception as exc:
-        message = (
-            f"what the env returned could not be sent back ({type(exc).__name__}: {exc}); "
-            "return picklable values (infos, call results, observations)"
-        )
-        errors = [
-            ErrorInfo(env_id, "send back", "TypeError", message, "", exc_module="builtins")
-            for env_id in reply.env_ids
-        ]
-        return encode(Reply(reply.seq, reply.env_ids, errors=errors))
+        reply.infos, reply.values, reply.observations = parts
+        return _encode_blaming(reply, group, exc)
+
+
+def _encode_blaming(reply: Reply, group: list[int] | None, exc: Exception) -> bytes:
+    """``reply`` (which failed to encode with ``exc``) encoded with each env whose own
+    values cannot travel failed instead; every env failed if that is not enough."""
+    failed = _send_back_errors(reply)
+    if failed is not None:
+        reply.errors = [*(reply.errors or ()), *failed]
+        try:
+            return _encode_wire(wire_reply(reply), group)
+        except Exception as still:
+            exc = still
+    errors = [_send_back_error(env_id, exc) for env_id in reply.env_ids]
+    return encode(Reply(reply.seq, reply.env_ids, errors=errors, busy=reply.busy))
+
+
+def _encode_wire(wire: Reply, group: list[int] | None) -> bytes:
+    if group is not None and wire.env_ids is group:
+        wire = msgspec.structs.replace(wire, env_ids=[])
+    return encode(wire)
+
+
+def _send_back_errors(reply: Reply) -> list[ErrorInfo] | None:
+    """The errors of the envs of ``reply`` whose own values (info, call result,
+    observation) cannot travel, those values dropped from ``reply``; ``None`` when
+    every env's values can."""
+    failed: list[ErrorInfo] = []
+    fields = [name for name in ("infos", "values", "observations") if getattr(reply, name)]
+    for name in fields:  # changed below: the reply's own lists, not the caller's
+        setattr(reply, name, list(getattr(reply, name)))
+    for position, env_id in enumerate(reply.env_ids):
+        for name in fields:
+            values = getattr(reply, name)
+            try:
+                encode(to_wire(values[position]))
+            except Exception as exc:
+                failed.append(_send_back_error(env_id, exc))
+                for other in fields:  # nothing of this env's travels but its error
+                    getattr(reply, other)[position] = None
+                break
+    return failed or None
+
+
+def _send_back_error(env_id: int, exc: Exception) -> ErrorInfo:
+    message = (
+        f"what the env returned could not be sent back ({type(exc).__name__}: {exc}); "
+        "return picklable values (infos, call results, observations)"
+    )
+    return ErrorInfo(env_id, "send back", "TypeError", message, "", exc_module="builtins")
 
 
 def decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:

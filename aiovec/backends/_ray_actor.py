@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Union, cast
 
+import msgspec
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
@@ -41,9 +42,9 @@ from aiovec._transport.protocol import (
     Step,
     decoder,
     encode,
+    encode_reply,
     to_wire,
     undecodable_reply,
-    wire_reply,
 )
 from aiovec._transport.spaces import read_rows, write_rows
 from aiovec._worker import mark_worker_process, thread_clock
@@ -207,7 +208,9 @@ class EnvActor:
     def _answer(self) -> bytes:
         """The outbox as one payload (and the outbox emptied)."""
         finished, self._outbox = self._outbox, []
-        replies = [(wire_reply(reply), to_wire(rows)) for reply, rows in finished]
+        # Each reply encoded alone: a value of one env that cannot travel fails that
+        # env (see encode_reply), never the whole answer and with it the link.
+        replies = [(msgspec.Raw(encode_reply(reply)), to_wire(rows)) for reply, rows in finished]
         return encode((self.concurrent, replies))
 
     # --- calls ----------------------------------------------------------------------------
