@@ -33,10 +33,11 @@ class _Core(Protocol):
 
     _pending: tuple[str, Any] | None
     _pending_timed_out: bool
+    closed: bool
 
     def _check_open(self, operation: str) -> None: ...
     def _blocking_call(self, method: str, async_method: str) -> None: ...
-    def _run(self, coroutine: Coroutine[Any, Any, _T]) -> _T: ...
+    def _run(self, coroutine: Coroutine[Any, Any, _T], call: str | None = None) -> _T: ...
     def _reset_submit(self, seed: Any, options: Any) -> list[Ticket]: ...
     def _reset_plan(self, seed: Any, options: Any) -> Any: ...
     def _check_actions(self, actions: Any, count: int) -> Any: ...
@@ -55,7 +56,9 @@ class _Core(Protocol):
     def _call_wait(
         self, env_ids: list[int], tickets: list[Ticket], timeout: float | None = None
     ) -> Coroutine[Any, Any, tuple[Any, ...]]: ...
-    def _finish(self, kind: str, timeout: float | None) -> Any: ...
+    def _finish(self, kind: str, timeout: float | None, call: str | None = None) -> Any: ...
+    def _lockstep(self, kind: str, submit: Callable[[], Any]) -> Any: ...
+    def _submitted(self, submit: Callable[[], _T]) -> _T: ...
     def _defer(self, kind: str, late: tuple[str, Any], send: Callable[[], Any]) -> None: ...
     def _begin(self, kind: str, synchronous: bool = False) -> tuple[str, Any] | None: ...
     def _end(self, kind: str) -> Any: ...
@@ -103,7 +106,7 @@ class SplitCalls:
         """Start a reset; finish it with :meth:`reset_wait`."""
         late = self._begin("reset")
         if late is None:
-            self._pending = ("reset", self._reset_submit(seed, options))
+            self._pending = ("reset", self._submitted(partial(self._reset_submit, seed, options)))
         else:
             self._reset_plan(seed, options)  # bad arguments are refused now
             # The deferred reset keeps its own dict: the caller's loses its reset_mask
@@ -124,7 +127,7 @@ class SplitCalls:
         """Start a step of every env; finish it with :meth:`step_wait`."""
         late = self._begin("step")
         if late is None:
-            self._pending = ("step", self._send(actions, None, stream=False))
+            self._pending = ("step", self._submitted(partial(self._send, actions, None, False)))
             return
         checked, _ = self._check_actions(actions, self.num_envs)  # bad ones refused now
         # A copy, as AsyncVectorEnv's pipes take one: the caller may reuse its array.
@@ -143,7 +146,8 @@ class SplitCalls:
         """Start a call on every env; finish it with :meth:`call_wait`."""
         late = self._begin("call")
         if late is None:
-            self._pending = ("call", self._call_submit(name, args, kwargs))
+            submit = partial(self._call_submit, name, args, kwargs)
+            self._pending = ("call", self._submitted(submit))
         else:
             self._check_call_name(name)  # a name call refuses is refused now
             # Copies, as AsyncVectorEnv's pipes take them: the caller may change its own.
@@ -166,21 +170,35 @@ class SplitCalls:
         env_ids, tickets = state
         return self._call_wait(env_ids, tickets, timeout)
 
-    def _finish(self: _Core, kind: str, timeout: float | None) -> Any:
-        """The ``*_wait`` of the pending ``kind`` call (sent first if it was deferred).
+    def _finish(self: _Core, kind: str, timeout: float | None, call: str | None = None) -> Any:
+        """The ``*_wait`` of the pending ``kind`` call (sent first if it was deferred), for
+        the blocking ``call`` (default: that ``*_wait``; named by a Ctrl-C's closing).
         After a timeout the call stays pending (its ``*_wait`` may be called again), as
-        nothing of it is lost."""
+        nothing of it is lost; so it does when anything else ends the wait before the
+        call finished (an exception a signal handler raised: a timeout decorator's)."""
         state = self._end(kind)
         left = timeout
         if isinstance(state, _Deferred):
             state, left = self._send_deferred(kind, state, timeout)
         try:
-            return self._run(self._waiting(kind, state, left))
+            return self._run(self._waiting(kind, state, left), call or f"{kind}_wait")
         except WaitTimeoutError:
             self._pending, self._pending_timed_out = (kind, state), True
             if left != timeout:  # part of it went to the late call: name the whole
                 raise WaitTimeoutError(f"no result within {timeout} s") from None
             raise
+        except BaseException:
+            if not self.closed and not _finished((kind, state)):
+                self._pending, self._pending_timed_out = (kind, state), True
+            raise
+
+    def _lockstep(self: _Core, kind: str, submit: Callable[[], Any]) -> Any:
+        """A blocking ``kind`` call (``step``, ``reset``, ``call``) as Gymnasium's are:
+        its ``*_async`` (``submit()``), then its ``*_wait``. So a wait ended before the
+        call finished leaves it pending as :meth:`_finish` does: ``*_wait`` returns its
+        results, and the next call drops them once it has finished."""
+        self._pending, self._pending_timed_out = (kind, self._submitted(submit)), False
+        return self._finish(kind, None, kind)
 
     def _defer(self: _Core, kind: str, late: tuple[str, Any], send: Callable[[], Any]) -> None:
         """Make ``kind`` the pending call, to be sent by its ``*_wait`` after ``late``."""

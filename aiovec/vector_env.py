@@ -580,6 +580,12 @@ class VecEnv(SplitCalls, VectorEnv):
         scheduler.submit([env_id], lambda seq, group: Step(seq, group, by_value, True), True)
         return True
 
+    @_timed
+    def _submitted(self, submit: Callable[[], _T]) -> _T:
+        """``submit()`` (a split call's sending half) as a call into the vector env: its
+        time counts in :meth:`stats`, and another thread's call meanwhile is refused."""
+        return submit()
+
     def _send(self, actions: Any, env_ids: Any, stream: bool) -> list[Ticket]:
         env_ids, make_step = self._step_commands(actions, env_ids, stream)
         return self._scheduler.submit(env_ids, make_step, is_step=True)
@@ -920,7 +926,10 @@ class VecEnv(SplitCalls, VectorEnv):
         """Reset all envs (or ``options["reset_mask"]``); see :meth:`areset`."""
         self._blocking_call("reset", "areset")
         self._begin("reset", synchronous=True)
-        return self._run(self.areset(seed=seed, options=options))
+        return cast(
+            "tuple[Any, dict[str, Any]]",
+            self._lockstep("reset", partial(self._reset_submit, seed, options)),
+        )
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env; see :meth:`astep`."""
@@ -929,7 +938,10 @@ class VecEnv(SplitCalls, VectorEnv):
         scheduler = self._scheduler
         if self._steps_in_place and not scheduler.num_busy and not scheduler.ready_queue:
             return self._step_in_place(actions)
-        return self._run(self.astep(actions))
+        return cast(
+            "tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]",
+            self._lockstep("step", partial(self._send, actions, None, stream=False)),
+        )
 
     def call(
         self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any
@@ -938,7 +950,10 @@ class VecEnv(SplitCalls, VectorEnv):
         see :meth:`acall`."""
         self._blocking_call("call", "acall")
         self._begin("call", synchronous=True)
-        return self._run(self.acall(name, *args, env_ids=env_ids, **kwargs))
+        return cast(
+            "tuple[Any, ...]",
+            self._lockstep("call", partial(self._call_submit, name, args, kwargs, env_ids)),
+        )
 
     def apply(
         self,
@@ -1018,8 +1033,9 @@ class VecEnv(SplitCalls, VectorEnv):
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def _run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        """Run one of the async methods to completion from synchronous code.
+    def _run(self, coroutine: Coroutine[Any, Any, _T], call: str | None = None) -> _T:
+        """Run one of the async methods to completion from synchronous code: the
+        blocking ``call`` (default: the one named after the coroutine).
 
         In blocking mode every wait blocks in the kernel, so the coroutine never
         suspends and needs no event loop: the synchronous API is the async code path,
@@ -1045,7 +1061,7 @@ class VecEnv(SplitCalls, VectorEnv):
             failed = False
             return value
         except KeyboardInterrupt:
-            self._close_on_ctrl_c(_sync_name(coroutine))
+            self._close_on_ctrl_c(call or _sync_name(coroutine))
             raise
         finally:
             scheduler.exit_call()

@@ -4,15 +4,20 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from functools import partial
 
 import numpy as np
 import pytest
 
+from tests.envs import CounterEnv
 from tests.helpers import MAIN_MODULE_WALKER
 
 UNGUARDED = MAIN_MODULE_WALKER + textwrap.dedent(
@@ -324,6 +329,98 @@ def test_timeouts_are_multiprocessing_timeout_errors():
             venv.step_wait(timeout=0.01)
         assert isinstance(caught.value, TimeoutError)
         assert isinstance(caught.value, aiovec.WaitTimeoutError)
+
+
+class _Interrupted(Exception):
+    """What a signal handler raises (a timeout decorator's, say)."""
+
+
+@contextlib.contextmanager
+def _interrupt_after(seconds):
+    """Raise ``_Interrupted`` in the main thread after ``seconds``, from a signal handler
+    (SIGUSR1: pytest-timeout may hold SIGALRM)."""
+
+    def handler(signum, frame):
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+class _SlowCallsEnv(CounterEnv):
+    """CounterEnv whose steps, resets and ``pause`` calls take ``delay`` seconds."""
+
+    def reset(self, *, seed=None, options=None):
+        time.sleep(self.delay)
+        return super().reset(seed=seed, options=options)
+
+    def pause(self):
+        time.sleep(self.delay)
+        return self.env_index
+
+
+@pytest.mark.parametrize("how", ["step", "step_async"])
+def test_a_step_whose_wait_a_signal_handler_interrupts_stays_pending(how):
+    # AsyncVectorEnv's step is step_async + step_wait: interrupted, the step stays
+    # pending, step_wait returns it, and the env goes on. It used to be forgotten while
+    # in flight: step_wait said nothing was pending, step and reset raised EnvBusyError.
+    import aiovec
+
+    with aiovec.VecEnv([partial(_SlowCallsEnv, 0, delay=0.4)] * 2, num_workers=2) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(_Interrupted), _interrupt_after(0.1):
+            if how == "step":
+                venv.step(np.zeros(2, dtype=np.int64))
+            else:
+                venv.step_async(np.zeros(2, dtype=np.int64))
+                venv.step_wait()
+        _, rewards, *_ = venv.step_wait()
+        assert rewards.tolist() == [1.0, 1.0]  # that step's results
+        _, rewards, *_ = venv.step(np.zeros(2, dtype=np.int64))
+        assert rewards.tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("call", ["step", "reset", "call"])
+def test_the_next_call_drops_a_call_whose_wait_a_signal_handler_interrupted(call):
+    import aiovec
+
+    with aiovec.VecEnv([partial(_SlowCallsEnv, 0, delay=0.4)] * 2, num_workers=2) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(_Interrupted), _interrupt_after(0.1):
+            if call == "step":
+                venv.step(np.zeros(2, dtype=np.int64))
+            elif call == "reset":
+                venv.reset(seed=1)
+            else:
+                venv.call("pause")
+        # As after a *_wait timeout: a call now waits for the late one, drops it, goes on.
+        observations, _ = venv.reset(seed=2)
+        assert observations[:, 1].tolist() == [0.0, 0.0]
+        assert venv.call("pause") == (0, 0)
+        _, rewards, *_ = venv.step(np.zeros(2, dtype=np.int64))
+        assert rewards.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("call", ["reset", "call"])
+def test_a_reset_or_call_whose_wait_a_signal_handler_interrupted_is_its_waits(call):
+    import aiovec
+
+    with aiovec.VecEnv([partial(_SlowCallsEnv, 0, delay=0.4)] * 2, num_workers=2) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(_Interrupted), _interrupt_after(0.1):
+            venv.reset(seed=1) if call == "reset" else venv.call("pause")
+        if call == "reset":
+            observations, _ = venv.reset_wait()
+            assert observations[:, 1].tolist() == [0.0, 0.0]
+        else:
+            assert venv.call_wait() == (0, 0)
 
 
 def test_pending_call_errors_are_gymnasiums(backend):
@@ -858,3 +955,24 @@ def test_same_step_infos_keep_async_vector_envs_key_order():
     expected = keys(AsyncVectorEnv)
     assert any("final_obs" in step for step in expected)  # episodes did end
     assert keys(aiovec.VecEnv) == expected
+
+
+class _TreeEnv(CounterEnv):
+    """Holds a tree whose child points back to its parent."""
+
+    def __init__(self, env_index=0):
+        super().__init__(env_index)
+        self.tree = {"name": "root", "children": []}
+        self.tree["children"].append({"name": "leaf", "parent": self.tree})
+
+
+def test_values_with_reference_cycles_travel_both_ways_as_pickle_sends_them(backend):
+    import aiovec
+
+    with aiovec.VecEnv([_TreeEnv] * 2, backend=backend) as venv:
+        trees = venv.get_attr("tree")
+        assert trees[0]["children"][0]["parent"] is trees[0]
+        looped = {}
+        looped["self"] = looped
+        venv.set_attr("looped", looped)
+        assert all(value["self"] is value for value in venv.get_attr("looped"))

@@ -199,3 +199,29 @@ def test_a_reply_that_cannot_be_encoded_as_a_whole_fails_each_of_its_envs():
     decoded = decode_message(encode_reply(Reply(2, [0, 1], infos=[{}, {}], errors=[unsendable])))
     assert [error.env_id for error in decoded.errors] == [0, 1]
     assert "could not be sent back" in decoded.errors[0].message
+
+
+def _round_trip(value):
+    reply = decode_message(encode_reply(Reply(1, [0], values=[value])))
+    assert reply.errors is None, reply.errors
+    return reply.values[0]
+
+
+def test_values_holding_a_reference_cycle_travel_with_it():
+    # A tree whose children point back to their parent, a dict holding itself: pickled
+    # whole (as AsyncVectorEnv sends them), never walked without end.
+    root = {"name": "root", "children": []}
+    root["children"].append({"name": "leaf", "parent": root})
+    tree = _round_trip(root)
+    assert tree["children"][0]["parent"] is tree
+    looped = []
+    looped.append(looped)
+    back = _round_trip({"loop": looped})
+    assert back["loop"][0] is back["loop"]
+
+
+def test_values_sharing_an_object_keep_sharing_it():
+    shared, array = [1, 2], np.arange(3)
+    back = _round_trip({"a": shared, "b": [shared], "x": array, "y": array})
+    assert back["a"] is back["b"][0] and back["a"] == [1, 2]
+    assert back["x"] is back["y"] and back["x"].tolist() == [0, 1, 2]

@@ -216,18 +216,37 @@ _NATIVE_TYPES = frozenset((str, int, float, bool, type(None), bytes))
 
 
 def to_wire(value: Any) -> Any:
-    """``value`` as msgpack-encodable data that :func:`decode` turns back into an equal value."""
+    """``value`` as msgpack-encodable data that :func:`decode` turns back into an equal
+    value; one that holds an object twice (a reference cycle, a list or array held in
+    two places) is pickled whole, so that it arrives holding it twice, as pickle keeps it."""
     kind = type(value)
     if kind in _NATIVE_TYPES:
-        if kind is int and not -(2**63) <= value < 2**64:
-            return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(value))
-        if kind is str and not is_utf8(value):
-            return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(value))  # lone surrogates
-        return value
+        return _native_to_wire(value, kind)
+    try:
+        return _walk(value, set())
+    except _HeldTwice:
+        return msgspec.msgpack.Ext(_PICKLE_EXT, cloudpickle.dumps(value))
+
+
+class _HeldTwice(Exception):
+    """:func:`_walk` met an object it had met before."""
+
+
+def _walk(value: Any, seen: set[int]) -> Any:
+    """:func:`to_wire` of ``value``, raising :class:`_HeldTwice` for an object (a dict,
+    list or array, the kinds walked or copied) met twice."""
+    kind = type(value)
+    if kind in _NATIVE_TYPES:
+        return _native_to_wire(value, kind)
+    walked = kind is dict or kind is list
+    if walked or kind is np.ndarray:
+        if id(value) in seen:
+            raise _HeldTwice
+        seen.add(id(value))
     if kind is dict and all(type(key) is str for key in value):
-        return {key: to_wire(item) for key, item in value.items()}
+        return {key: _walk(item, seen) for key, item in value.items()}
     if kind is list:
-        return [to_wire(item) for item in value]
+        return [_walk(item, seen) for item in value]
     if (kind is np.ndarray or isinstance(value, np.generic)) and value.dtype.kind in "biufc":
         # Not np.ascontiguousarray alone: it turns a 0-d array into shape (1,).
         if kind is not np.ndarray:
@@ -238,6 +257,14 @@ def to_wire(value: Any) -> Any:
         prefix = len(header).to_bytes(2, "little")
         return msgspec.msgpack.Ext(_NUMPY_EXT, prefix + header + array.tobytes())
     return msgspec.msgpack.Ext(_PICKLE_EXT, cloudpickle.dumps(value))
+
+
+def _native_to_wire(value: Any, kind: type) -> Any:
+    if kind is int and not -(2**63) <= value < 2**64:
+        return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(value))
+    if kind is str and not is_utf8(value):
+        return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(value))  # lone surrogates
+    return value
 
 
 def is_utf8(text: str) -> bool:
@@ -274,7 +301,8 @@ class Undecodable:
         self.reason = reason
 
 
-def _find_undecodable(value: Any) -> Undecodable | None:
+def _find_undecodable(value: Any, seen: set[int] | None = None) -> Undecodable | None:
+    """The first :class:`Undecodable` in ``value`` (which may hold reference cycles)."""
     if isinstance(value, Undecodable):
         return value
     if isinstance(value, (list, tuple)):
@@ -283,8 +311,13 @@ def _find_undecodable(value: Any) -> Undecodable | None:
         items = value.values()
     else:
         return None
+    if seen is None:
+        seen = set()
+    elif id(value) in seen:
+        return None
+    seen.add(id(value))
     for item in items:
-        found = _find_undecodable(item)
+        found = _find_undecodable(item, seen)
         if found is not None:
             return found
     return None
