@@ -1076,6 +1076,14 @@ class VecEnv(SplitCalls, VectorEnv):
         timeout = check_seconds("timeout", timeout, negative_ok=True, unlimited=FOREVER)
         if terminate:
             timeout = 0
+        self._close_begins()
+        try:
+            self._backend.close(self.close_timeout if timeout is None else timeout)
+        finally:
+            self._close_ends()
+
+    def _close_begins(self) -> None:
+        """What a close does before stopping the backend (:meth:`close_extras`, :meth:`aclose`)."""
         # A call whose *_wait timed out is not waited for (AsyncVectorEnv is idle then).
         quiet = self._pending_dropped_quietly or self._pending_timed_out
         if self._pending is not None and not quiet:
@@ -1085,14 +1093,14 @@ class VecEnv(SplitCalls, VectorEnv):
             )
         self._pending = None
         self._scheduler.close()  # tasks still awaiting this env raise ClosedError
-        try:
-            self._backend.close(self.close_timeout if timeout is None else timeout)
-        finally:
-            # The shared arrays' region is unmapped once nothing refers to them: now, not
-            # when this closed env is collected (zero-copy results a caller kept hold it
-            # until they go).
-            self.__dict__.pop("_buffers", None)
-            self._results.release_buffers()
+
+    def _close_ends(self) -> None:
+        """What a close does once the backend has stopped, however it ended."""
+        # The shared arrays' region is unmapped once nothing refers to them: now, not
+        # when this closed env is collected (zero-copy results a caller kept hold it
+        # until they go).
+        self.__dict__.pop("_buffers", None)
+        self._results.release_buffers()
         self._scheduler.forget_failures()
 
     def close(self, **kwargs: Any) -> None:
@@ -1154,16 +1162,21 @@ class VecEnv(SplitCalls, VectorEnv):
                 await waiting()
             return
         closing = getattr(self._backend, "aclose", None)
-        if closing is None:
+        if closing is None or self._closing:  # (a close within close: done)
             self.close()
             return
         scheduler = self._scheduler
         scheduler.enter_call()  # refused while another thread is in a call
-        scheduler.close()
+        self._closing = True
         try:
-            await closing(self.close_timeout)
+            self._close_begins()
+            try:
+                await closing(self.close_timeout)
+            finally:
+                self._close_ends()
         finally:
             self.closed = True
+            self._closing = False
             scheduler.exit_call()
 
     def __del__(self) -> None:

@@ -883,6 +883,53 @@ def test_workers_lost_with_their_zygote_say_so():
         venv.step([0, 0])
 
 
+def test_workers_lost_with_their_zygote_take_their_envs_processes_along(tmp_path):
+    """The zygote, which kills a dead worker's process group (what its envs started),
+    is killed itself: the agent then does it, when it sees the worker gone."""
+    from aiovec._worker import zygote as _zygote
+    from tests.faulty import SimulatorEnv
+
+    pid_files = [tmp_path / f"simulator{i}.pid" for i in range(2)]
+    env_fns = [partial(SimulatorEnv, i, str(pid_files[i]), "none") for i in range(2)]
+    with aiovec.VecEnv(env_fns, num_workers=2) as venv:
+        venv.reset(seed=0)
+        simulators = [int(pid_file.read_text()) for pid_file in pid_files]
+        assert all(pid_alive(pid) for pid in simulators)
+        os.kill(_zygote.shared()._process.pid, signal.SIGKILL)
+        with pytest.raises(aiovec.WorkerCrashedError, match="zygote"):
+            for _ in range(100):  # until the workers' deaths are seen
+                venv.step([0, 0])
+                time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in simulators) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(pid) for pid in simulators)
+
+
+@pytest.mark.timeout(40)  # waiting on the stuck zygote took 60 s
+def test_close_does_not_wait_on_a_stuck_zygote_for_exit_codes():
+    """The zygote is stopped (SIGSTOP: a debugger, a stuck machine): its workers serve
+    on, and close() stops them without waiting for the zygote to say how they exited
+    longer than a short bound; the next vector env gets a new zygote."""
+    from aiovec._worker import zygote as _zygote
+
+    env_fns = [partial(CounterEnv, i) for i in range(2)]
+    venv = aiovec.VecEnv(env_fns, num_workers=2, close_timeout=1)
+    stuck = _zygote.shared()._process
+    try:
+        venv.reset(seed=0)
+        os.kill(stuck.pid, signal.SIGSTOP)
+        venv.step([0, 0])
+        venv.close()
+        assert venv.closed
+        with aiovec.VecEnv(env_fns, num_workers=2) as fresh:
+            fresh.reset(seed=0)
+            assert _zygote.shared()._process.pid != stuck.pid
+    finally:
+        os.kill(stuck.pid, signal.SIGCONT)
+        venv.close()
+
+
 @pytest.mark.parametrize("first_ready", [False, True], ids=["lockstep", "first-ready"])
 def test_an_info_that_cannot_be_sent_back_fails_only_its_env(first_ready):
     # Four envs in one worker, answered in one reply: only env 3's info cannot travel.

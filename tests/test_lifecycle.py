@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import signal
@@ -71,6 +72,46 @@ async def test_async_context_manager_closes(no_leaks):
     assert not any(pid_alive(pid) for pid in pids)
     with pytest.raises(aiovec.ClosedError):
         await venv.recv()
+
+
+class _HangingCloseEnv(CounterEnv):
+    """An env whose close() does not return (a simulator that never answers)."""
+
+    def close(self):
+        time.sleep(3600)
+
+
+async def test_aclose_gives_the_loop_turns_while_workers_take_their_time(no_leaks):
+    venv = aiovec.VecEnv([_HangingCloseEnv] * 2, num_workers=2, close_timeout=1.5)
+    await venv.areset()
+    pids = worker_pids(venv)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await venv.aclose()  # the workers are killed after close_timeout
+    task.cancel()
+    assert venv.closed and not any(pid_alive(pid) for pid in pids)
+    assert ticks >= 5  # (~75 expected: it used to be 0, the loop blocked throughout)
+
+
+async def test_a_cancelled_aclose_kills_the_workers_at_once(no_leaks):
+    # What Ctrl-C under asyncio.run() does to the task awaiting aclose(): the workers
+    # are killed and reaped then, not after close_timeout (60 s here).
+    venv = aiovec.VecEnv([_HangingCloseEnv] * 2, num_workers=2, close_timeout=60)
+    await venv.areset()
+    pids = worker_pids(venv)
+    closing = asyncio.create_task(venv.aclose())
+    await asyncio.sleep(0.3)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert venv.closed and not any(pid_alive(pid) for pid in pids)
 
 
 def test_close_while_steps_are_in_flight(no_leaks):

@@ -145,7 +145,11 @@ class Zygote:
             not self._broken and self._process.poll() is None and self._pid_of_owner == os.getpid()
         )
 
-    def _request(self, message: Any, fds: Sequence[int] = ()) -> tuple[Any, list[int]]:
+    def _request(
+        self, message: Any, fds: Sequence[int] = (), timeout: float | None = None
+    ) -> tuple[Any, list[int]]:
+        """Send ``message`` and return the answer; ``timeout``: seconds to wait for it
+        (default :data:`START_TIMEOUT`)."""
         if self._broken:
             raise OSError("the zygote's requests and answers fell out of step")
         # The lock is taken inside the guard: the deferred Ctrl-C is raised once it is
@@ -154,7 +158,7 @@ class Zygote:
         try:
             with no_interrupt(), self._lock:
                 try:
-                    self._sock.settimeout(START_TIMEOUT)
+                    self._sock.settimeout(START_TIMEOUT if timeout is None else timeout)
                     _send_frame(self._sock, pickle.dumps(message), fds)
                     answer, received_fds = _receive_frame(self._sock)
                     self._sock.settimeout(None)
@@ -198,7 +202,7 @@ class Zygote:
     def exitcode(self, pid: int) -> int | None:
         """``pid``'s exit code once it has exited (negative: killed by that signal)."""
         try:
-            return cast("int | None", self._request(("status", pid))[0])
+            return cast("int | None", self._request(("status", pid), timeout=STATUS_TIMEOUT)[0])
         except (OSError, EOFError):  # the zygote is gone: so is the code
             return None
 
@@ -222,6 +226,9 @@ _shared_lock = threading.RLock()
 
 #: Seconds the zygote may take to start, or to answer a request.
 START_TIMEOUT = 60.0
+#: Seconds it may take to say how a worker exited (it answers at once unless it is
+#: stuck: closing must not wait on it).
+STATUS_TIMEOUT = 5.0
 
 
 def shared() -> Zygote:
@@ -272,6 +279,7 @@ class ZygoteProcess:
         # once): readable once the process has exited.
         self.sentinel = pidfd
         self._exitcode: int | None = None
+        self._group_killed = False
 
     def _exited(self, timeout: float | None = 0) -> bool:
         if self.sentinel < 0:
@@ -283,6 +291,11 @@ class ZygoteProcess:
     def exitcode(self) -> int | None:
         if self._exitcode is None and self._exited():
             self._exitcode = self._zygote.exitcode(self.pid)
+            if self._exitcode is None and not self._group_killed and self.zygote_died:
+                # The zygote kills a dead worker's group (what its envs started, see
+                # _kill_group); it is gone, so this does.
+                self._group_killed = True
+                _kill_group(self.pid)
         return self._exitcode
 
     def is_alive(self) -> bool:

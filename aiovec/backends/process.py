@@ -761,42 +761,70 @@ class ProcessBackend(Backend):
         waits), it kills the workers that are left before the interruption goes on."""
         try:
             self._unbind()
-            if os.getpid() != self._owner_pid:
-                # A forked copy of the agent (its child closing what it inherited): the
-                # workers are the parent's, never stop them from here; drop the descriptors.
-                for process in self._processes:
-                    if isinstance(process, zygote.ZygoteProcess):
-                        process.forget()
-            else:
-                self._stop_workers(timeout)
+            if self._forked_copy():
+                return
+            try:
+                self._tell_workers_to_close(timeout)
+                _stop_processes(self._processes, timeout)
+            except BaseException:
+                _kill_and_reap(self._processes)  # however the wait ended, no worker outlives it
+                raise
+            finally:
+                self._close_sentinels()
         finally:
             self._release()
 
-    def _stop_workers(self, timeout: float) -> None:
+    async def aclose(self, timeout: float) -> None:
+        """:meth:`close` from a coroutine: the event loop runs while the workers exit.
+        Cancelled (Ctrl-C under ``asyncio.run()``), it kills the workers that are left
+        before the cancellation goes on."""
         try:
-            for worker, connection in enumerate(self._connections):
-                if worker in self._starting and connection is not None:
-                    # Not handed its buffers yet, it waits for descriptors: a Close in
-                    # their place tells it to close (see FrameInsteadOfDescriptors), as
-                    # the others are; not the end of its channel, which says the agent
-                    # is gone (its envs' processes are then killed with it).
-                    try:
-                        connection.sock.send(_framed(encode(Close(seq=0))), socket.MSG_DONTWAIT)
-                    except OSError:
-                        pass
-                elif worker not in self._dead and connection is not None:
-                    try:  # a worker that does not read (its env is busy) gets no more time
-                        connection.send(encode(Close(seq=0)), timeout=min(timeout, 0.1))
-                    except OSError:  # gone, or not reading (TimeoutError): stopped below
-                        pass
-            _stop_processes(self._processes, timeout)
-        except BaseException:
-            _kill_and_reap(self._processes)  # however the wait ended, no worker outlives it
-            raise
+            self._unbind()
+            if self._forked_copy():
+                return
+            try:
+                self._tell_workers_to_close(timeout)
+                await _processes_stopped(self._processes, timeout)
+            except BaseException:
+                _kill_and_reap(self._processes)
+                raise
+            finally:
+                self._close_sentinels()
         finally:
-            for process in _started(self._processes):
-                if process.exitcode is not None:
-                    process.close()  # frees its sentinel (a pidfd for zygote workers)
+            self._release()
+
+    def _forked_copy(self) -> bool:
+        """Whether this is a forked copy of the agent (its child closing what it
+        inherited): the workers are the parent's, never stopped from here; only the
+        descriptors are dropped."""
+        if os.getpid() == self._owner_pid:
+            return False
+        for process in self._processes:
+            if isinstance(process, zygote.ZygoteProcess):
+                process.forget()
+        return True
+
+    def _tell_workers_to_close(self, timeout: float) -> None:
+        for worker, connection in enumerate(self._connections):
+            if worker in self._starting and connection is not None:
+                # Not handed its buffers yet, it waits for descriptors: a Close in
+                # their place tells it to close (see FrameInsteadOfDescriptors), as
+                # the others are; not the end of its channel, which says the agent
+                # is gone (its envs' processes are then killed with it).
+                try:
+                    connection.sock.send(_framed(encode(Close(seq=0))), socket.MSG_DONTWAIT)
+                except OSError:
+                    pass
+            elif worker not in self._dead and connection is not None:
+                try:  # a worker that does not read (its env is busy) gets no more time
+                    connection.send(encode(Close(seq=0)), timeout=min(timeout, 0.1))
+                except OSError:  # gone, or not reading (TimeoutError): stopped below
+                    pass
+
+    def _close_sentinels(self) -> None:
+        for process in _started(self._processes):
+            if process.exitcode is not None:
+                process.close()  # frees its sentinel (a pidfd for zygote workers)
 
     def _release(self) -> None:
         """Close every descriptor and the shared region (the workers are stopped)."""
@@ -851,6 +879,25 @@ def _stop_processes(processes: list[Any], timeout: float) -> None:
     for process in started:
         process.join(max(0.0, deadline - time.monotonic()))
     _kill_and_reap(started)
+
+
+async def _processes_stopped(processes: list[Any], timeout: float) -> None:
+    """:func:`_stop_processes` from a coroutine (its twin: keep them in step), looking
+    every few milliseconds while the event loop runs."""
+    started = _started(processes)
+    await _exited(started, timeout)
+    for process in started:
+        if process.is_alive():
+            process.terminate()
+    await _exited(started, TERMINATE_GRACE)  # one grace for all, not one each
+    _kill_and_reap(started)
+
+
+async def _exited(processes: list[Any], timeout: float) -> None:
+    """Return once every process has exited, or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(process.is_alive() for process in processes) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
 
 
 def _kill_and_reap(processes: list[Any]) -> None:
