@@ -1026,10 +1026,11 @@ class VecEnv(SplitCalls, VectorEnv):
     # Gymnasium AsyncVectorEnv's split calls, for code written against it.
 
     def _blocking_call(self, method: str, async_method: str) -> None:
-        """Checks before a synchronous call (see :func:`aiovec._loop.check_blocking_call`)."""
+        """Checks before a synchronous call (see :func:`aiovec._loop.check_blocking_call`);
+        on a closed vector env, that it is closed (the call would not block)."""
+        self._check_open(method)
         check_blocking_call(method, async_method, deadlocks=self.backend == "coroutine")
-        if not self.closed:
-            self._scheduler.check_sync_call()
+        self._scheduler.check_sync_call()
 
     # --- lifecycle ------------------------------------------------------------------------
 

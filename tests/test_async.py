@@ -152,6 +152,25 @@ async def test_sync_call_on_the_loop_of_async_envs_is_refused():
         await venv.areset()
 
 
+@pytest.mark.parametrize("call", ["reset", "step", "call", "step_wait", "render"])
+async def test_a_sync_call_on_a_closed_env_inside_its_loop_says_it_is_closed(call):
+    # Closed is what is wrong (the same call outside the loop says so), not the loop.
+    from tests.async_envs import AsyncCounterEnv
+
+    venv = aiovec.VecEnv([AsyncCounterEnv] * 2, backend="coroutine")
+    await venv.areset()
+    await venv.aclose()
+    calls = {
+        "reset": venv.reset,
+        "step": lambda: venv.step([0, 0]),
+        "call": lambda: venv.call("env_index"),
+        "step_wait": venv.step_wait,
+        "render": venv.render,
+    }
+    with pytest.raises(aiovec.ClosedError):
+        calls[call]()
+
+
 def test_sync_methods_inside_ipython_do_not_warn(monkeypatch):
     """In IPython/Jupyter every cell runs inside a loop: no warning there."""
     import sys
