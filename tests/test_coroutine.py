@@ -796,3 +796,45 @@ def test_ctrl_c_in_sync_calls_leaves_no_event_loop_behind():
     assert growth <= 2 and open_loops == 0, result.stdout
     interrupted = float(result.stdout.split("interrupted after")[1].split()[0])
     assert interrupted < 2.0, result.stdout  # within the env computing, not all three
+
+
+class _Interrupted(Exception):
+    """What a signal handler raises (a timeout decorator's), here inside aiovec's own
+    code running an async env's command."""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_an_exception_inside_the_runner_of_an_env_fails_its_command_never_hangs(
+    api, monkeypatch
+):
+    from aiovec._worker.async_server import AsyncEnvServer
+
+    finish = AsyncEnvServer._finish
+    raised = []
+
+    def interrupted_once(self, command, position, result, loop):
+        if not raised and type(command).__name__ == "Step":
+            raised.append(True)
+            raise _Interrupted("alarm")
+        return finish(self, command, position, result, loop)
+
+    monkeypatch.setattr(AsyncEnvServer, "_finish", interrupted_once)
+    venv = aiovec.VecEnv([partial(AsyncCounterEnv, i) for i in range(2)], backend="coroutine")
+
+    async def step(actions):
+        return await venv.astep(actions)
+
+    def run(call):
+        return call() if api == "sync" else aiovec.run(call())
+
+    try:
+        run(venv.reset if api == "sync" else venv.areset)
+        with pytest.raises(aiovec.EnvError, match="alarm") as caught:
+            run(lambda: venv.step([0, 0]) if api == "sync" else step([0, 0]))
+        assert caught.value.env_index in (0, 1) and isinstance(caught.value, _Interrupted)
+        run(venv.reset if api == "sync" else venv.areset)  # the env goes on
+        _, rewards, *_ = run(lambda: venv.step([0, 0]) if api == "sync" else step([0, 0]))
+        assert rewards.tolist() == [1.0, 1.0]
+    finally:
+        venv.close()

@@ -225,3 +225,9 @@ def test_values_sharing_an_object_keep_sharing_it():
     back = _round_trip({"a": shared, "b": [shared], "x": array, "y": array})
     assert back["a"] is back["b"][0] and back["a"] == [1, 2]
     assert back["x"] is back["y"] and back["x"].tolist() == [0, 1, 2]
+
+
+def test_a_dict_with_a_key_msgpack_cannot_carry_travels_pickled():
+    # A lone surrogate (os.fsdecode of an undecodable file name) in a key, as in a value.
+    back = _round_trip({"\udcffk": 1, "ok": {"\ud800": [2]}})
+    assert back == {"\udcffk": 1, "ok": {"\ud800": [2]}}

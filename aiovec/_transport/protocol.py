@@ -243,7 +243,7 @@ def _walk(value: Any, seen: set[int]) -> Any:
         if id(value) in seen:
             raise _HeldTwice
         seen.add(id(value))
-    if kind is dict and all(type(key) is str for key in value):
+    if kind is dict and all(type(key) is str and is_utf8(key) for key in value):
         return {key: _walk(item, seen) for key, item in value.items()}
     if kind is list:
         return [_walk(item, seen) for item in value]

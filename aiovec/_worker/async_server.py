@@ -17,6 +17,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from functools import partial
 from typing import Any, cast
 
 from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
@@ -117,20 +118,31 @@ class AsyncEnvServer:
         except asyncio.CancelledError:
             self._parked.pop(env_id, None)
             if self.runners.get(env_id) is asyncio.current_task():  # not retired: the loop
-                for command, position in queue:  # is going away (asyncio.run returned)
-                    error = _lost(env_id, command)
-                    if type(command) is Step:
-                        self._emit(Reply(command.seq, [env_id], errors=[error], progressed=False))
-                    else:
-                        self._part_done(
-                            command, position, Reply(command.seq, [env_id], errors=[error])
-                        )
+                self._fail_queue(env_id, partial(_lost, env_id))
             queue.clear()
             raise
+        except Exception as exc:
+            # Raised in this runner outside the env's own calls (the host captures those):
+            # by a signal handler of the caller's (a timeout decorator), when the env runs
+            # on the caller's loop. What it owed fails with it, rather than never answered;
+            # the next command starts a new runner.
+            self._parked.pop(env_id, None)
+            if self.runners.get(env_id) is asyncio.current_task():
+                self._fail_queue(env_id, partial(_failed, env_id, exc))
+            queue.clear()
         finally:
             current = running_task()  # None: its coroutine is closed, its loop gone
             if current is not None and self.runners.get(env_id) is current:
                 del self.runners[env_id]
+
+    def _fail_queue(self, env_id: int, error: Callable[[EnvCommand], ErrorInfo]) -> None:
+        """Answer every command queued for env ``env_id`` with ``error(command)``."""
+        for command, position in self._queues[env_id]:
+            failed = error(command)
+            if type(command) is Step:
+                self._emit(Reply(command.seq, [env_id], errors=[failed], progressed=False))
+            else:
+                self._part_done(command, position, Reply(command.seq, [env_id], errors=[failed]))
 
     def _start(self, env_id: int, command: EnvCommand, position: int) -> Awaitable[Any]:
         """The host's coroutine for env ``env_id``'s part of ``command`` (awaited by the
@@ -343,19 +355,28 @@ class AsyncBlockServer:
         except asyncio.CancelledError:
             if self.runners.get(first_row) is asyncio.current_task():  # not retired: the
                 for command, _ in queue:  # loop is going away: fail what it owed
-                    self._emit(self._lost_reply(first_row, command))
+                    self._emit(self._lost_reply(first_row, command, partial(_lost, first_row)))
             queue.clear()
             raise
+        except Exception as exc:  # outside the block's own calls: see AsyncEnvServer._run
+            if self.runners.get(first_row) is asyncio.current_task():
+                failed = partial(_failed, first_row, exc)
+                for command, _ in queue:
+                    self._emit(self._lost_reply(first_row, command, failed))
+            queue.clear()
         finally:
             if self.runners.get(first_row) is asyncio.current_task():
                 del self.runners[first_row]
 
-    def _lost_reply(self, first_row: int, command: EnvCommand) -> Reply:
-        """The reply to ``command`` for a block whose loop stopped before it finished
-        (one error for the block; for another command, for all of its blocks)."""
+    def _lost_reply(
+        self, first_row: int, command: EnvCommand, error_of: Callable[[EnvCommand], ErrorInfo]
+    ) -> Reply:
+        """The reply to ``command`` for a block that cannot finish it, with the error
+        ``error_of(command)`` (one error for the block; for another command, for all of
+        its blocks)."""
         size = self.host.envs_per_block
         rows = list(range(first_row, first_row + size))
-        error = _lost(first_row, command)
+        error = error_of(command)
         error.env_ids = rows
         if isinstance(command, Step):
             return Reply(command.seq, rows, errors=[error], progressed=False)
@@ -496,12 +517,20 @@ def _forget_outcome(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+def _operation(command: EnvCommand) -> str:
+    return type(command).__name__.lower() if not isinstance(command, Call) else command.name
+
+
+def _failed(env_id: int, exc: Exception, command: EnvCommand) -> ErrorInfo:
+    """The error of a command whose runner ``exc`` ended (see ``AsyncEnvServer._run``)."""
+    return error_info(env_id, _operation(command), exc)
+
+
 def _lost(env_id: int, command: EnvCommand) -> ErrorInfo:
     """The error of a command whose event loop stopped before it finished."""
-    operation = type(command).__name__.lower() if not isinstance(command, Call) else command.name
     return ErrorInfo(
         env_id,
-        operation,
+        _operation(command),
         "RuntimeError",
         "the event loop running this async env stopped (e.g. asyncio.run() returned) "
         "before the command finished, so its result is lost: send() and recv() must run "
