@@ -805,9 +805,7 @@ class _Interrupted(Exception):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("api", ["sync", "async"])
-def test_an_exception_inside_the_runner_of_an_env_fails_its_command_never_hangs(
-    api, monkeypatch
-):
+def test_an_exception_inside_the_runner_of_an_env_fails_its_command_never_hangs(api, monkeypatch):
     from aiovec._worker.async_server import AsyncEnvServer
 
     finish = AsyncEnvServer._finish
