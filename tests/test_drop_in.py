@@ -366,21 +366,34 @@ class _SlowCallsEnv(CounterEnv):
         return self.env_index
 
 
+_INTERRUPTED_CALLS = {
+    "step": lambda venv: venv.step(np.zeros(2, dtype=np.int64)),
+    "step_async": lambda venv: (venv.step_async(np.zeros(2, dtype=np.int64)), venv.step_wait()),
+    "reset": lambda venv: venv.reset(seed=1),
+    "call": lambda venv: venv.call("pause"),
+}
+
+
+def _slow_calls_envs():
+    import aiovec
+
+    return aiovec.VecEnv([partial(_SlowCallsEnv, 0, delay=0.4)] * 2, num_workers=2)
+
+
+def _interrupt(venv, call):
+    """``call`` on ``venv``, ended 0.1 s in by a signal handler's exception."""
+    with pytest.raises(_Interrupted), _interrupt_after(0.1):
+        _INTERRUPTED_CALLS[call](venv)
+
+
 @pytest.mark.parametrize("how", ["step", "step_async"])
 def test_a_step_whose_wait_a_signal_handler_interrupts_stays_pending(how):
     # AsyncVectorEnv's step is step_async + step_wait: interrupted, the step stays
     # pending, step_wait returns it, and the env goes on. It used to be forgotten while
     # in flight: step_wait said nothing was pending, step and reset raised EnvBusyError.
-    import aiovec
-
-    with aiovec.VecEnv([partial(_SlowCallsEnv, 0, delay=0.4)] * 2, num_workers=2) as venv:
+    with _slow_calls_envs() as venv:
         venv.reset(seed=0)
-        with pytest.raises(_Interrupted), _interrupt_after(0.1):
-            if how == "step":
-                venv.step(np.zeros(2, dtype=np.int64))
-            else:
-                venv.step_async(np.zeros(2, dtype=np.int64))
-                venv.step_wait()
+        _interrupt(venv, how)
         _, rewards, *_ = venv.step_wait()
         assert rewards.tolist() == [1.0, 1.0]  # that step's results
         _, rewards, *_ = venv.step(np.zeros(2, dtype=np.int64))
@@ -389,17 +402,9 @@ def test_a_step_whose_wait_a_signal_handler_interrupts_stays_pending(how):
 
 @pytest.mark.parametrize("call", ["step", "reset", "call"])
 def test_the_next_call_drops_a_call_whose_wait_a_signal_handler_interrupted(call):
-    import aiovec
-
-    with aiovec.VecEnv([partial(_SlowCallsEnv, 0, delay=0.4)] * 2, num_workers=2) as venv:
+    with _slow_calls_envs() as venv:
         venv.reset(seed=0)
-        with pytest.raises(_Interrupted), _interrupt_after(0.1):
-            if call == "step":
-                venv.step(np.zeros(2, dtype=np.int64))
-            elif call == "reset":
-                venv.reset(seed=1)
-            else:
-                venv.call("pause")
+        _interrupt(venv, call)
         # As after a *_wait timeout: a call now waits for the late one, drops it, goes on.
         observations, _ = venv.reset(seed=2)
         assert observations[:, 1].tolist() == [0.0, 0.0]
@@ -410,12 +415,9 @@ def test_the_next_call_drops_a_call_whose_wait_a_signal_handler_interrupted(call
 
 @pytest.mark.parametrize("call", ["reset", "call"])
 def test_a_reset_or_call_whose_wait_a_signal_handler_interrupted_is_its_waits(call):
-    import aiovec
-
-    with aiovec.VecEnv([partial(_SlowCallsEnv, 0, delay=0.4)] * 2, num_workers=2) as venv:
+    with _slow_calls_envs() as venv:
         venv.reset(seed=0)
-        with pytest.raises(_Interrupted), _interrupt_after(0.1):
-            venv.reset(seed=1) if call == "reset" else venv.call("pause")
+        _interrupt(venv, call)
         if call == "reset":
             observations, _ = venv.reset_wait()
             assert observations[:, 1].tolist() == [0.0, 0.0]
