@@ -907,11 +907,13 @@ def test_workers_lost_with_their_zygote_take_their_envs_processes_along(tmp_path
 
 
 @pytest.mark.timeout(40)  # waiting on the stuck zygote took 60 s
-def test_close_does_not_wait_on_a_stuck_zygote_for_exit_codes():
+def test_close_does_not_wait_on_a_stuck_zygote_for_exit_codes(monkeypatch):
     """The zygote is stopped (SIGSTOP: a debugger, a stuck machine): its workers serve
     on, and close() stops them without waiting for the zygote to say how they exited
     longer than a short bound; the next vector env gets a new zygote."""
     from aiovec._worker import zygote as _zygote
+
+    monkeypatch.setattr(_zygote, "STATUS_TIMEOUT", 1.0)  # (5 s by default)
 
     env_fns = [partial(CounterEnv, i) for i in range(2)]
     venv = aiovec.VecEnv(env_fns, num_workers=2, close_timeout=1)
