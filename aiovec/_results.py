@@ -238,6 +238,7 @@ class Results:
         per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         for ticket, reply in self.replies(tickets):
             if reply.infos is not None:
+                self._count_restarts(ticket.env_ids, reply.infos)
                 for env_id, info in zip(ticket.env_ids, reply.infos):
                     if info and self.infos_per_env:
                         per_env[env_id] = info

@@ -208,7 +208,8 @@ class VecEnv(SplitCalls, VectorEnv):
             error; ``"restart"`` rebuilds it from its factory instead: that env's result
             is then a fresh reset observation with ``truncated=True``, reward 0 and
             ``info["restarted"] = True`` (with ``info["restart_reason"]``), so training
-            goes on. Counted in :attr:`restart_counts`.
+            goes on; a failed reset is retried on the rebuilt env with the same seed
+            and options, its info saying so. Counted in :attr:`restart_counts`.
         max_restarts: with ``on_failure="restart"``, how many failures in a row an env
             (or a worker) may have before the error is raised after all.
         ray_options: Ray backend: ``address`` (for ``ray.init``, used only when Ray is not
@@ -640,6 +641,8 @@ class VecEnv(SplitCalls, VectorEnv):
 
         Raises:
             aiovec.NothingInFlightError: no env has an action in flight or unread.
+            ValueError: ``min_envs`` above ``max_envs`` (for batched envs, above
+                ``max_envs`` rounded down to whole blocks), before anything waits.
             TimeoutError: ``timeout`` seconds passed first; nothing is lost, a later
                 ``recv`` returns those results.
             aiovec.EnvError / aiovec.WorkerCrashedError: an env of the batch failed; the
@@ -653,6 +656,13 @@ class VecEnv(SplitCalls, VectorEnv):
             raise ValueError(
                 f"min_envs={min_envs} is more than max_envs={max_envs}: recv would wait for "
                 "results it cannot return"
+            )
+        if max_envs is not None and min_envs > self._batch_limit(max_envs):
+            raise ValueError(
+                f"min_envs={min_envs} and max_envs={max_envs} cannot both hold with "
+                f"{self.envs_per_block} envs per block: results come in whole blocks, so "
+                f"at most {self._batch_limit(max_envs)} envs; make max_envs a multiple of "
+                f"{self.envs_per_block} at or above min_envs"
             )
         scheduler = self._scheduler
         queue = scheduler.ready_queue
@@ -690,10 +700,14 @@ class VecEnv(SplitCalls, VectorEnv):
         return self._take_batch(max_envs)
 
     def _take_batch(self, max_envs: int | None) -> Batch:
-        limit = max_envs or self.num_envs
-        if self.envs_per_block is not None:  # whole blocks (the ready-queue holds whole blocks)
-            limit = max(limit - limit % self.envs_per_block, self.envs_per_block)
-        return self._results.take_batch(limit)
+        return self._results.take_batch(self._batch_limit(max_envs or self.num_envs))
+
+    def _batch_limit(self, max_envs: int) -> int:
+        """The most envs a batch of at most ``max_envs`` holds: whole blocks for batched
+        envs (the ready-queue holds whole blocks), at least one."""
+        if self.envs_per_block is None:
+            return max_envs
+        return max(max_envs - max_envs % self.envs_per_block, self.envs_per_block)
 
     # --- shared pieces of lockstep stepping and resetting -----------------------------------
 

@@ -21,7 +21,9 @@ class PointMassVectorEnv(VectorEnv):
 
     ``fail_at=n`` raises ``fail_with`` (a RuntimeError by default) from the block's n-th
     step on (counted since construction),
-    ``crash_at=n`` kills the process there; ``step_sleep`` seconds per step.
+    ``crash_at=n`` kills the process there; ``step_sleep`` seconds per step;
+    ``reset_ledger=path``: a reset with ``options={"fail": True}`` raises, once for all
+    blocks sharing that file.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -38,8 +40,9 @@ class PointMassVectorEnv(VectorEnv):
         crash_at: int | None = None,
         dict_obs: bool = False,
         render_mode: str | None = None,
+        reset_ledger: str | None = None,
     ) -> None:
-        self.fail_with = fail_with
+        self.fail_with, self.reset_ledger = fail_with, reset_ledger
         self.num_envs = num_envs
         self.render_mode = render_mode
         self.autoreset_mode = AutoresetMode(autoreset_mode)
@@ -73,6 +76,10 @@ class PointMassVectorEnv(VectorEnv):
         self.done[rows] = False
 
     def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
+        ledger = self.reset_ledger
+        if (options or {}).get("fail") and ledger is not None and not os.path.exists(ledger):
+            open(ledger, "w").close()
+            raise ConnectionError("the simulator's server went away")
         if seed is not None:
             super().reset(seed=seed if isinstance(seed, int) else seed[0])
         mask = (options or {}).get("reset_mask")

@@ -280,6 +280,32 @@ class FlakyResetAfterRebuildEnv(CounterEnv):
         return super().step(action)
 
 
+class FailingResetEnv(CounterEnv):
+    """A CounterEnv whose reset with ``options={"fail": True}`` fails (``fault``:
+    ``"raise"`` or ``"exit"``) the first ``failures`` times, counted across processes in
+    ``ledger`` (a file); its reset info echoes the seed and options it got."""
+
+    def __init__(
+        self, env_index: int = 0, ledger: str = "", fault: str = "raise", failures: int = 1
+    ) -> None:
+        super().__init__(env_index)
+        self.ledger, self.fault, self.failures = ledger, fault, failures
+
+    def reset(self, *, seed=None, options=None):
+        if options and options.get("fail"):
+            with open(self.ledger, "a+") as handle:
+                handle.seek(0)
+                failed = len(handle.read())
+                if failed < self.failures:
+                    handle.write("x")
+            if failed < self.failures:
+                if self.fault == "exit":
+                    os._exit(3)
+                raise ConnectionError(f"simulator {self.env_index} lost its connection")
+        observation, _ = super().reset(seed=seed, options=options)
+        return observation, {"seed": seed, "options": options}
+
+
 class WatchdogEnv(CounterEnv):
     """Env ``armed`` arms a SIGALRM watchdog in its step and disarms it too late: its
     handler raises while the worker waits for its next command, outside any env call."""

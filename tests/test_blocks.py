@@ -275,6 +275,24 @@ def test_a_raising_block_is_restarted(backend):
         venv.step(actions)  # the rebuilt block steps on
 
 
+def test_a_block_failing_its_reset_is_rebuilt_and_reset_again(tmp_path, backend):
+    """Under the restart policy a block that raises in ``reset()`` is rebuilt and reset
+    with the same seeds and options: the same observations as without the failure, its
+    rows' infos flagged ``restarted``, counted in ``restart_counts``."""
+    kwargs = {"reset_ledger": str(tmp_path / "failed")}
+    made = partial(aiovec.make, point_masses, 4, envs_per_block=2, backend=backend)
+    with made(on_failure="restart", env_kwargs=kwargs) as venv, made() as reference:
+        observations, infos = venv.reset(seed=5, options={"fail": True})
+        expected, _ = reference.reset(seed=5)
+        np.testing.assert_array_equal(observations, expected)
+        restarted = infos["_restarted"].tolist()  # the block that reset first failed
+        assert restarted in ([True, True, False, False], [False, False, True, True])
+        assert "server went away" in infos["restart_reason"][restarted.index(True)]
+        assert venv.restart_counts.tolist() == [int(flag) for flag in restarted]
+        _, _, _, truncated, infos = venv.step(np.zeros((4, 1), np.float32))
+        assert not truncated.any() and "restarted" not in infos  # reported once
+
+
 def test_a_crashing_worker_of_blocks(no_leaks):
     env_kwargs = [{}, {"crash_at": 2}]
     with aiovec.make(
@@ -771,3 +789,18 @@ async def test_first_ready_batches_of_batched_envs_keep_their_reward_dtype(backe
             batch = await venv.recv()
             assert batch.rewards.dtype == dtype
             venv.send(np.zeros(len(batch.env_ids), dtype=np.int64), batch.env_ids)
+
+
+async def test_recv_refuses_a_min_envs_that_whole_blocks_cannot_meet_within_max_envs():
+    """Results come in whole blocks and ``max_envs`` rounds down to them: a
+    ``min_envs`` above that rounded bound is refused (it returned fewer than
+    ``min_envs``, silently); one that whole blocks can meet is kept."""
+    async with aiovec.make(point_masses, 8, envs_per_block=2, backend="inline") as venv:
+        await venv.areset(seed=0)
+        venv.send(np.zeros((8, 1), np.float32))
+        with pytest.raises(ValueError, match=r"min_envs=3.*max_envs=3.*2 envs per block"):
+            await venv.recv(3, min_envs=3)
+        batch = await venv.recv(5, min_envs=3)  # two whole blocks: 4
+        assert len(batch.env_ids) == 4
+        batch = await venv.recv(min_envs=3)
+        assert len(batch.env_ids) == 4

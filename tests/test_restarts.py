@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import aiovec
+from tests.async_envs import AsyncCounterEnv
 from tests.conftest import worker_processes
 from tests.envs import CounterEnv
-from tests.faulty import FaultyEnv, FlakyFactoryEnv, FlakyResetAfterRebuildEnv
+from tests.faulty import FailingResetEnv, FaultyEnv, FlakyFactoryEnv, FlakyResetAfterRebuildEnv
 from tests.helpers import Heartbeat
 
 BOUND = 30
@@ -238,3 +239,80 @@ def test_a_restart_that_cannot_start_leaves_its_envs_failed_not_in_flight():
         assert sorted(batch.env_ids.tolist()) == [0, 1]
     finally:
         venv.close()
+
+
+RESET_FAULTS = [("inline", "raise"), ("process", "raise"), ("process", "exit")]
+
+
+@pytest.mark.parametrize(("backend", "fault"), RESET_FAULTS)
+def test_a_reset_that_fails_under_restart_is_rebuilt_and_reported(tmp_path, backend, fault):
+    """An env that raises (or whose worker dies) in ``reset()`` is rebuilt and reset
+    again with the same seed and options, like a failed step: the reset returns, and the
+    env's info says so (``restarted``, ``restart_reason``); ``restart_counts`` counts it.
+    A raising reset used to raise despite the policy, a dying worker's to replay the
+    reset silently (no info, no count)."""
+    ledger = str(tmp_path / "failures")
+    env_fns = [partial(CounterEnv, 0), partial(FailingResetEnv, 1, ledger, fault)]
+    workers = {"num_workers": 2} if backend == "process" else {}
+    with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart", **workers) as venv:
+        venv.reset(seed=0)
+        venv.step([0, 0])
+        observations, infos = venv.reset(seed=10, options=[None, {"fail": True}])
+        assert observations.tolist() == [[0, 0], [1, 0]]
+        assert infos["_restarted"].tolist() == [False, True]
+        assert infos["restarted"][1]
+        reason = "ConnectionError: simulator 1 lost" if fault == "raise" else "died"
+        assert reason in infos["restart_reason"][1]
+        assert infos["seed"][1] == 11  # the rebuilt env got the same seed and options
+        assert infos["options"]["fail"][1]
+        assert venv.restart_counts.tolist() == [0, 1]
+        observations, _, _, truncations, infos = venv.step([0, 0])
+        assert observations.tolist() == [[0, 1], [1, 1]]  # a reset env: no restart notice
+        assert not truncations.any() and "restarted" not in infos
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_reset_that_keeps_failing_raises_after_max_restarts(tmp_path, backend):
+    ledger = str(tmp_path / "failures")
+    env_fns = [partial(CounterEnv, 0), partial(FailingResetEnv, 1, ledger, failures=3)]
+    with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart", max_restarts=2) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(ConnectionError, match="lost its connection"):
+            venv.reset(options=[None, {"fail": True}])
+        assert len(Path(ledger).read_text()) == 3  # the first try and two rebuilds
+        _, infos = venv.reset(options=[None, {"fail": True}])  # the last build resets fine
+        assert "restarted" not in infos and venv.restart_counts.tolist() == [0, 0]
+
+
+async def test_an_async_reset_under_restart_reports_the_restart(tmp_path, backend):
+    ledger = str(tmp_path / "failures")
+    env_fns = [partial(CounterEnv, 0), partial(FailingResetEnv, 1, ledger)]
+    async with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart") as venv:
+        _, infos = await venv.areset(seed=3, options=[None, {"fail": True}])
+        assert infos["_restarted"].tolist() == [False, True]
+        assert venv.restart_counts.tolist() == [0, 1]
+
+
+class _AsyncFailingResetEnv(AsyncCounterEnv):
+    """An async env whose reset with ``options={"fail": True}`` raises once per ``ledger``."""
+
+    def __init__(self, env_index: int = 0, ledger: str = "") -> None:
+        super().__init__(env_index)
+        self.ledger = ledger
+
+    async def reset(self, *, seed=None, options=None):
+        if options and options.get("fail") and not os.path.exists(self.ledger):
+            Path(self.ledger).touch()
+            raise ConnectionError("the simulator's server went away")
+        return await super().reset(seed=seed, options=options)
+
+
+def test_an_async_env_failing_its_reset_is_rebuilt(tmp_path):
+    ledger = str(tmp_path / "failed")
+    env_fns = [partial(_AsyncFailingResetEnv, i, ledger) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend="coroutine", on_failure="restart") as venv:
+        observations, infos = venv.reset(seed=1, options=[{"fail": True}, None])
+        assert observations.tolist() == [[0, 0], [1, 0]]
+        assert infos["_restarted"].tolist() == [True, False]
+        assert "server went away" in infos["restart_reason"][0]
+        assert venv.restart_counts.tolist() == [1, 0]

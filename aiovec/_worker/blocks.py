@@ -125,6 +125,13 @@ def block_error(
     return info
 
 
+def _restarted_infos(info: Any, size: int, reason: str) -> list[dict[str, Any]]:
+    """A rebuilt block's per-row infos (from its reset's batched ``info``), each saying
+    that its row restarted and why."""
+    row_infos = split_infos(info, size) or [{}] * size
+    return [{**row_info, "restarted": True, "restart_reason": reason} for row_info in row_infos]
+
+
 def _checked_block(block: Any, envs_per_block: int) -> VectorEnv:
     if not isinstance(block, VectorEnv):
         _close_quietly(block)
@@ -457,6 +464,20 @@ class BlockHost(HostState):
 
     def _recover_flow(self, first_row: int, exc: BaseException) -> Flow:
         """Rebuild and reset the block after ``exc`` (restart policy), or report ``exc``."""
+        try:
+            infos = yield from self._rebuild_flow(first_row, exc)
+        except env_errors() as final:
+            return None, self._error(first_row, "step", final), False
+        return infos, None, False
+
+    def _rebuild_flow(
+        self, first_row: int, exc: BaseException, answer: Callable[[str], Flow] | None = None
+    ) -> Flow:
+        """Rebuild the block after ``exc`` and answer with ``answer(reason)`` run on the
+        new block (by default its reset, reported as a step that restarted its rows);
+        raise the last failure when restarting is off or the block keeps failing."""
+        if answer is None:
+            answer = partial(self._restarted_flow, first_row)
         self._failures_in_a_row[first_row] += 1
         while self._failures_in_a_row[first_row] <= self._max_restarts:
             try:
@@ -472,20 +493,18 @@ class BlockHost(HostState):
                 self._failures_in_a_row[first_row] += 1
                 continue
             try:
-                reason = failure_reason(exc)
-                return (yield from self._restarted_flow(first_row, reason)), None, False
+                return (yield from answer(failure_reason(exc)))
             except env_errors() as failure:
                 exc = failure
                 self._failures_in_a_row[first_row] += 1
-        return None, self._error(first_row, "step", exc), False
+        raise exc
 
     def _restarted_flow(self, first_row: int, reason: str) -> Flow:
         observations, info = _synchronous((yield _RESET), "reset")
         self._write(first_row, observations, 0.0, False, True)
         if self._next_step:
             self._owes_reset.add(first_row)
-        row_infos = split_infos(info, self.envs_per_block) or [{}] * self.envs_per_block
-        return [{**row_info, "restarted": True, "restart_reason": reason} for row_info in row_infos]
+        return _restarted_infos(info, self.envs_per_block, reason)
 
     def _error(self, first_row: int, operation: str, exc: BaseException) -> ErrorInfo:
         return block_error(first_row, self.envs_per_block, operation, exc)
@@ -565,20 +584,45 @@ class BlockHost(HostState):
             mask = np.zeros(size, dtype=np.bool_)
             mask[offsets] = True
             options = {**(options or {}), "reset_mask": mask}
+        reset = partial(self._reset_rows_flow, first_row, seed, options, mask, offsets)
+        # A whole reset answers for a restart not yet reported (the worker was replaced,
+        # this reset perhaps replayed on the new one): its infos carry the notice.
+        reason = self._restart_notices.pop(first_row, None) if whole else None
+        try:
+            return (yield from reset(reason))
+        except env_errors() as exc:
+            if not whole:  # a rebuilt block needs every row reset, not just these
+                raise
+            # Rebuilt and reset again with the same seeds and options (restart policy).
+            return (yield from self._rebuild_flow(first_row, exc, reset))
+
+    def _reset_rows_flow(
+        self,
+        first_row: int,
+        seed: Any,
+        options: Any,
+        mask: np.ndarray | None,
+        offsets: list[int],
+        restart_reason: str | None = None,
+    ) -> Flow:
+        """Reset the block (the rows of ``mask``, or all): per-row infos, flagged as
+        restarted when ``restart_reason`` is given."""
+        size = self.envs_per_block
         request = methodcaller("reset", seed=seed, options=options)
         observations, info = _synchronous((yield request), "reset")
         rows = slice(first_row, first_row + size)
         self._write_observations(first_row, observations, mask)
-        if whole:
+        if mask is None:
             self.buffers.terminations[rows] = False
             self.buffers.truncations[rows] = False
-            self._restart_notices.pop(first_row, None)
             self._owes_reset.discard(first_row)
         else:
             for offset in offsets:
                 self.buffers.terminations[first_row + offset] = False
                 self.buffers.truncations[first_row + offset] = False
-        return split_infos(info, size)
+        if restart_reason is None:
+            return split_infos(info, size)
+        return _restarted_infos(info, size, restart_reason)
 
     def _call_flow(self, first_row: int, command: Call) -> Flow:
         """One call on the block; each row gets its result, except for a per-env

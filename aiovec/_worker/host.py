@@ -743,18 +743,43 @@ class EnvHost(HostState):
         return self._env_fns[env_id]()
 
     def _reset_flow(self, env_id: int, seed: int | None, options: dict[str, Any] | None) -> Flow:
-        self._restart_notices.pop(env_id, None)  # a reset answers for any restart
+        """Reset env ``env_id``. Under the restart policy an env that fails its reset is
+        rebuilt and reset again with the same ``seed`` and ``options``, as a failed
+        step is; either way a rebuilt env's reset info says so (``restarted``)."""
+        # A reset answers for a restart not yet reported (the env's worker was replaced,
+        # this reset perhaps replayed on the new one): its info carries the notice.
+        reason = self._restart_notices.pop(env_id, None)
+        try:
+            return (yield from self._fresh_reset_flow(env_id, seed, options, reason))
+        except env_errors() as exc:
+            again = partial(self._fresh_reset_flow, env_id, seed, options)
+            return (yield from self._recover_flow(env_id, exc, again))
+
+    def _fresh_reset_flow(
+        self,
+        env_id: int,
+        seed: int | None,
+        options: dict[str, Any] | None,
+        restart_reason: str | None = None,
+    ) -> Flow:
         observation, info = yield methodcaller("reset", seed=seed, options=options)
         checked_info(info)
         self._write_observation(env_id, observation)
         self.buffers.terminations[env_id] = False
         self.buffers.truncations[env_id] = False
         self._needs_reset[env_id] = False
-        return info
+        if restart_reason is None:
+            return info
+        return {**info, "restarted": True, "restart_reason": restart_reason}
 
-    def _recover_flow(self, env_id: int, exc: BaseException) -> Flow:
-        """Rebuild env ``env_id`` after ``exc`` and answer with its reset; re-raise
-        ``exc`` when restarting is off or the env keeps failing."""
+    def _recover_flow(
+        self, env_id: int, exc: BaseException, answer: Callable[[str], Flow] | None = None
+    ) -> Flow:
+        """Rebuild env ``env_id`` after ``exc`` and answer with ``answer(reason)`` run
+        on the new env (by default its reset, reported as a step that restarted it);
+        re-raise ``exc`` when restarting is off or the env keeps failing."""
+        if answer is None:
+            answer = partial(self._restarted_flow, env_id)
         self._failures_in_a_row[env_id] += 1
         if self._failures_in_a_row[env_id] > self._max_restarts:
             self._recovering.pop(env_id, None)
@@ -775,7 +800,7 @@ class EnvHost(HostState):
                 self.envs[env_id] = cast(gym.Env, _Unbuilt(failure))  # raises on use
             else:
                 try:
-                    info = yield from self._restarted_flow(env_id, reason)
+                    info = yield from answer(reason)
                 except env_errors() as reset_error:  # thrown in by the driver
                     failure = reset_error
                 else:
