@@ -27,7 +27,7 @@ import numpy as np
 
 from aiovec._checks import check_seconds
 from aiovec._stats import StatsRecorder
-from aiovec._transport.protocol import EnvCommand, Reply
+from aiovec._transport.protocol import EnvCommand, Reply, Reset, Step
 from aiovec.backends._base import Backend, WorkerEvent, WorkerExit, WorkerGone
 from aiovec.errors import (
     ClosedError,
@@ -655,7 +655,13 @@ class Scheduler:
             except Exception as cannot_start:  # no replacement (out of descriptors, say):
                 self._fail_worker(worker, cannot_start, in_flight)  # dead, not in flight
                 return
-            for _, ticket in in_flight:  # the new envs answer with restart notices
+            for seq, ticket in in_flight:  # the new envs answer with restart notices
+                if not isinstance(ticket.command, (Step, Reset)):
+                    # A call or set_attr may have run (its side effects), and may be what
+                    # killed the worker: it fails with the crash, never runs again.
+                    del self._tickets[seq]
+                    self._finish(ticket, None, crash)
+                    continue
                 ticket.sent_at, ticket.started_at = time.monotonic(), None
                 command = ticket.command
                 if ticket.is_step and ticket.answered:  # partly answered: the rest only

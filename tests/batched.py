@@ -76,10 +76,13 @@ class PointMassVectorEnv(VectorEnv):
         self.done[rows] = False
 
     def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
-        ledger = self.reset_ledger
-        if (options or {}).get("fail") and ledger is not None and not os.path.exists(ledger):
-            open(ledger, "w").close()
-            raise ConnectionError("the simulator's server went away")
+        if (options or {}).get("fail") and self.reset_ledger is not None:
+            try:  # created at most once, whichever process of the blocks comes first
+                os.close(os.open(self.reset_ledger, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                raise ConnectionError("the simulator's server went away")
         if seed is not None:
             super().reset(seed=seed if isinstance(seed, int) else seed[0])
         mask = (options or {}).get("reset_mask")

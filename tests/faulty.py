@@ -267,13 +267,17 @@ class FlakyResetAfterRebuildEnv(CounterEnv):
             self.build = len(handle.read())
             handle.write("x")
         self.failing_resets, self.at_step, self.steps = failing_resets, at_step, 0
+        self.was_reset = False
 
     def reset(self, *, seed=None, options=None):
         if 1 <= self.build <= self.failing_resets:
             raise ConnectionError(f"simulator {self.env_index} is still starting")
+        self.was_reset = True
         return super().reset(seed=seed, options=options)
 
     def step(self, action):
+        if not self.was_reset:  # what a simulator might crash on, rather than raise
+            raise AssertionError(f"simulator {self.env_index} stepped before any reset")
         self.steps += 1
         if self.build == 0 and self.steps == self.at_step:
             raise RuntimeError(f"simulator {self.env_index} diverged")
@@ -304,6 +308,31 @@ class FailingResetEnv(CounterEnv):
                 raise ConnectionError(f"simulator {self.env_index} lost its connection")
         observation, _ = super().reset(seed=seed, options=options)
         return observation, {"seed": seed, "options": options}
+
+
+class CheckpointEnv(CounterEnv):
+    """A CounterEnv whose ``save_checkpoint()`` notes each run in ``ledger`` (a file)
+    and then kills its process with SIGSEGV: on its first run (``dies="once"``), on
+    every run (``dies="always"``) or never (``"never"``)."""
+
+    def __init__(self, env_index: int = 0, ledger: str = "", dies: str = "once") -> None:
+        super().__init__(env_index)
+        self.ledger, self.dies = ledger, dies
+
+    def save_checkpoint(self) -> str:
+        with open(self.ledger, "a+") as handle:
+            handle.seek(0)
+            runs = len(handle.read()) + 1
+            handle.write("x")
+        if self.dies == "always" or (self.dies == "once" and runs == 1):
+            signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return "saved"
+
+    @property
+    def checkpoint(self) -> str:
+        """A property that saves one (read through ``get_attr``)."""
+        return self.save_checkpoint()
 
 
 class WatchdogEnv(CounterEnv):

@@ -17,7 +17,13 @@ import aiovec
 from tests.async_envs import AsyncCounterEnv
 from tests.conftest import worker_processes
 from tests.envs import CounterEnv
-from tests.faulty import FailingResetEnv, FaultyEnv, FlakyFactoryEnv, FlakyResetAfterRebuildEnv
+from tests.faulty import (
+    CheckpointEnv,
+    FailingResetEnv,
+    FaultyEnv,
+    FlakyFactoryEnv,
+    FlakyResetAfterRebuildEnv,
+)
 from tests.helpers import Heartbeat
 
 BOUND = 30
@@ -280,8 +286,10 @@ def test_a_reset_that_keeps_failing_raises_after_max_restarts(tmp_path, backend)
         with pytest.raises(ConnectionError, match="lost its connection"):
             venv.reset(options=[None, {"fail": True}])
         assert len(Path(ledger).read_text()) == 3  # the first try and two rebuilds
-        _, infos = venv.reset(options=[None, {"fail": True}])  # the last build resets fine
-        assert "restarted" not in infos and venv.restart_counts.tolist() == [0, 0]
+        # The last rebuilt env (never reset) resets fine now: this reset reports it.
+        _, infos = venv.reset(options=[None, {"fail": True}])
+        assert infos["_restarted"].tolist() == [False, True]
+        assert venv.restart_counts.tolist() == [0, 1]
 
 
 async def test_an_async_reset_under_restart_reports_the_restart(tmp_path, backend):
@@ -316,3 +324,48 @@ def test_an_async_env_failing_its_reset_is_rebuilt(tmp_path):
         assert infos["_restarted"].tolist() == [True, False]
         assert "server went away" in infos["restart_reason"][0]
         assert venv.restart_counts.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("dies", ["once", "always"])
+@pytest.mark.parametrize("method", ["call", "get_attr"])
+def test_a_call_that_kills_its_worker_is_not_run_again(tmp_path, dies, method):
+    """Under the restart policy a worker that dies in a ``call`` (or ``get_attr``) is
+    replaced, but the call fails with the crash: it is never run again on the rebuilt
+    env (its side effects twice, silently; one that always crashes used up the restart
+    budget and left the env failed for every later step)."""
+    ledger = tmp_path / "runs"
+    healthy = partial(CheckpointEnv, 0, str(tmp_path / "healthy"), "never")
+    env_fns = [healthy, partial(CheckpointEnv, 1, str(ledger), dies)]
+    with aiovec.VecEnv(env_fns, num_workers=2, on_failure="restart") as venv:
+        venv.reset(seed=0)
+        with pytest.raises(aiovec.WorkerCrashedError, match=r"SIGSEGV"):
+            if method == "call":
+                venv.call("save_checkpoint", env_ids=[1])
+            else:  # a property read that crashes
+                venv.get_attr("checkpoint")
+        assert len(ledger.read_text()) == 1
+        *_, truncations, infos = venv.step([0, 0])  # the rebuilt env reports its restart
+        assert truncations.tolist() == [False, True] and infos["_restarted"][1]
+        venv.step([0, 0])
+        assert venv.worker_restarts == (0, 1)
+
+
+def test_an_env_whose_rebuilt_copy_fails_its_reset_is_not_stepped(tmp_path):
+    """A step fails, the rebuilt env's reset fails past max_restarts: the step raises
+    the reset's error, and each later step tries that reset again (reporting the
+    restart once it works) rather than step an env that was never reset."""
+    ledger = str(tmp_path / "builds")
+    env_fns = [
+        partial(CounterEnv, 0),
+        partial(FlakyResetAfterRebuildEnv, 1, ledger, failing_resets=5),
+    ]
+    with aiovec.VecEnv(env_fns, backend="inline", on_failure="restart", max_restarts=1) as venv:
+        venv.reset(seed=0)
+        venv.step([0, 0])
+        with pytest.raises(ConnectionError, match="still starting"):
+            venv.step([0, 0])
+        for _ in range(2):  # each step tries the reset again, and reports its failure
+            with pytest.raises(ConnectionError, match="still starting") as caught:
+                venv.step([0, 0])
+            assert caught.value.operation == "step"
+            assert "stepped before any reset" not in caught.value.worker_traceback

@@ -45,6 +45,8 @@ from aiovec._worker.host import (
     Flow,
     HostState,
     _close_quietly,
+    _Unbuilt,
+    as_env_error,
     build_envs,
     call_errors,
     describe,
@@ -378,7 +380,7 @@ class BlockHost(HostState):
                 f" form one batched env, but {len(positions)} of them were sent"
             )
             return None, self._error(first_row, "step", error), False
-        reason = self._restart_notices.pop(first_row, None)
+        reason = self._restart_notices.get(first_row)  # kept until a reset answers it
         actions = None
         if reason is None and first_row not in self._owes_reset:
             try:
@@ -478,6 +480,8 @@ class BlockHost(HostState):
         raise the last failure when restarting is off or the block keeps failing."""
         if answer is None:
             answer = partial(self._restarted_flow, first_row)
+        reason = failure_reason(exc)  # the failure that began the restart
+        rebuilt = False  # a new block is installed (and not yet reset)
         self._failures_in_a_row[first_row] += 1
         while self._failures_in_a_row[first_row] <= self._max_restarts:
             try:
@@ -488,20 +492,28 @@ class BlockHost(HostState):
             try:  # the factory alone: nothing closes this flow while it runs
                 block = self._block_fns[first_row]()
                 self.envs[first_row] = _checked_block(block, self.envs_per_block)
+                rebuilt = True
             except call_errors() as failure:
-                exc = failure
+                rebuilt = False
+                exc = as_env_error(failure)
+                # Never leave the closed block installed: the next command must not step it.
+                self.envs[first_row] = cast(VectorEnv, _Unbuilt(exc))  # raises on use
                 self._failures_in_a_row[first_row] += 1
                 continue
             try:
-                return (yield from answer(failure_reason(exc)))
+                return (yield from answer(reason))
             except env_errors() as failure:
                 exc = failure
                 self._failures_in_a_row[first_row] += 1
+        if rebuilt:  # but its reset failed: its next step tries the reset again (and
+            # reports the restart) rather than stepping a block that was never reset
+            self._restart_notices[first_row] = reason
         raise exc
 
     def _restarted_flow(self, first_row: int, reason: str) -> Flow:
         observations, info = _synchronous((yield _RESET), "reset")
         self._write(first_row, observations, 0.0, False, True)
+        self._restart_notices.pop(first_row, None)  # answered (kept while the reset fails)
         if self._next_step:
             self._owes_reset.add(first_row)
         return _restarted_infos(info, self.envs_per_block, reason)
@@ -587,7 +599,7 @@ class BlockHost(HostState):
         reset = partial(self._reset_rows_flow, first_row, seed, options, mask, offsets)
         # A whole reset answers for a restart not yet reported (the worker was replaced,
         # this reset perhaps replayed on the new one): its infos carry the notice.
-        reason = self._restart_notices.pop(first_row, None) if whole else None
+        reason = self._restart_notices.get(first_row) if whole else None
         try:
             return (yield from reset(reason))
         except env_errors() as exc:
@@ -616,6 +628,7 @@ class BlockHost(HostState):
             self.buffers.terminations[rows] = False
             self.buffers.truncations[rows] = False
             self._owes_reset.discard(first_row)
+            self._restart_notices.pop(first_row, None)  # answered
         else:
             for offset in offsets:
                 self.buffers.terminations[first_row + offset] = False

@@ -748,7 +748,7 @@ class EnvHost(HostState):
         step is; either way a rebuilt env's reset info says so (``restarted``)."""
         # A reset answers for a restart not yet reported (the env's worker was replaced,
         # this reset perhaps replayed on the new one): its info carries the notice.
-        reason = self._restart_notices.pop(env_id, None)
+        reason = self._restart_notices.get(env_id)
         try:
             return (yield from self._fresh_reset_flow(env_id, seed, options, reason))
         except env_errors() as exc:
@@ -768,6 +768,8 @@ class EnvHost(HostState):
         self.buffers.terminations[env_id] = False
         self.buffers.truncations[env_id] = False
         self._needs_reset[env_id] = False
+        # Answered: a restart notice stays only while the rebuilt env's reset fails.
+        self._restart_notices.pop(env_id, None)
         if restart_reason is None:
             return info
         return {**info, "restarted": True, "restart_reason": restart_reason}
@@ -809,6 +811,11 @@ class EnvHost(HostState):
             self._failures_in_a_row[env_id] += 1
             if self._failures_in_a_row[env_id] > self._max_restarts:
                 del self._recovering[env_id]
+                if not isinstance(self.envs[env_id], _Unbuilt):
+                    # Rebuilt, but never reset: its next step tries the reset again (and
+                    # reports the restart) rather than stepping it; so does the next step
+                    # of an env whose restart notice's reset failed (the notice stays).
+                    self._restart_notices[env_id] = reason
                 raise failure from failure.__cause__  # as raised (and unwrapped) there
 
     def _restarted_flow(self, env_id: int, reason: str) -> Flow:
@@ -817,12 +824,13 @@ class EnvHost(HostState):
         self._write_results(env_id, observation, 0.0, False, True)
         # NEXT_STEP treats the truncation like any other: the next step resets again.
         self._needs_reset[env_id] = self._next_step
+        self._restart_notices.pop(env_id, None)  # answered (kept while the reset fails)
         return {**info, "restarted": True, "restart_reason": reason}
 
     def _unplain_step_flow(self, env_id: int) -> Flow:
         """A step that is no ``env.step``: the restart notice of a rebuilt env, or the
         reset that NEXT_STEP autoreset owes after an episode end."""
-        reason = self._restart_notices.pop(env_id, None)
+        reason = self._restart_notices.get(env_id)
         if reason is not None:
             return (yield from self._restarted_flow(env_id, reason))
         observation, info = yield _RESET
