@@ -655,10 +655,13 @@ class Scheduler:
             except Exception as cannot_start:  # no replacement (out of descriptors, say):
                 self._fail_worker(worker, cannot_start, in_flight)  # dead, not in flight
                 return
+            # The envs the worker was inside a call of: a call or set_attr there may have
+            # had its side effects, and may be what killed the worker.
+            started = {*exit.running, *(timed_out or ())}
             for seq, ticket in in_flight:  # the new envs answer with restart notices
-                if not isinstance(ticket.command, (Step, Reset)):
-                    # A call or set_attr may have run (its side effects), and may be what
-                    # killed the worker: it fails with the crash, never runs again.
+                if not isinstance(ticket.command, (Step, Reset)) and (
+                    not self.backend.marks_running or started.intersection(ticket.env_ids)
+                ):  # it fails with the crash, never runs again (one not started does)
                     del self._tickets[seq]
                     self._finish(ticket, None, crash)
                     continue

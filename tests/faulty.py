@@ -313,7 +313,7 @@ class FailingResetEnv(CounterEnv):
 class CheckpointEnv(CounterEnv):
     """A CounterEnv whose ``save_checkpoint()`` notes each run in ``ledger`` (a file)
     and then kills its process with SIGSEGV: on its first run (``dies="once"``), on
-    every run (``dies="always"``) or never (``"never"``)."""
+    every run (``dies="always"``) or never (``"never"``); or hangs (``"hang"``)."""
 
     def __init__(self, env_index: int = 0, ledger: str = "", dies: str = "once") -> None:
         super().__init__(env_index)
@@ -324,6 +324,8 @@ class CheckpointEnv(CounterEnv):
             handle.seek(0)
             runs = len(handle.read()) + 1
             handle.write("x")
+        if self.dies == "hang":
+            time.sleep(3600)
         if self.dies == "always" or (self.dies == "once" and runs == 1):
             signal.signal(signal.SIGSEGV, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGSEGV)

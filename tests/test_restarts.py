@@ -326,7 +326,7 @@ def test_an_async_env_failing_its_reset_is_rebuilt(tmp_path):
         assert venv.restart_counts.tolist() == [1, 0]
 
 
-@pytest.mark.parametrize("dies", ["once", "always"])
+@pytest.mark.parametrize("dies", ["once", "always", "hang"])
 @pytest.mark.parametrize("method", ["call", "get_attr"])
 def test_a_call_that_kills_its_worker_is_not_run_again(tmp_path, dies, method):
     """Under the restart policy a worker that dies in a ``call`` (or ``get_attr``) is
@@ -336,9 +336,10 @@ def test_a_call_that_kills_its_worker_is_not_run_again(tmp_path, dies, method):
     ledger = tmp_path / "runs"
     healthy = partial(CheckpointEnv, 0, str(tmp_path / "healthy"), "never")
     env_fns = [healthy, partial(CheckpointEnv, 1, str(ledger), dies)]
-    with aiovec.VecEnv(env_fns, num_workers=2, on_failure="restart") as venv:
+    timeout = {"step_timeout": 0.5} if dies == "hang" else {}
+    with aiovec.VecEnv(env_fns, num_workers=2, on_failure="restart", **timeout) as venv:
         venv.reset(seed=0)
-        with pytest.raises(aiovec.WorkerCrashedError, match=r"SIGSEGV"):
+        with pytest.raises(aiovec.WorkerCrashedError, match=r"SIGSEGV|step_timeout=0.5"):
             if method == "call":
                 venv.call("save_checkpoint", env_ids=[1])
             else:  # a property read that crashes
@@ -369,3 +370,25 @@ def test_an_env_whose_rebuilt_copy_fails_its_reset_is_not_stepped(tmp_path):
                 venv.step([0, 0])
             assert caught.value.operation == "step"
             assert "stepped before any reset" not in caught.value.worker_traceback
+
+
+async def test_a_call_queued_behind_a_crash_runs_on_the_replacement(tmp_path):
+    """A call that had not started when its worker died (queued behind another env's
+    step, in a worker stepping its envs in turn) is sent to the replacement, as steps
+    are: it never ran, so nothing runs twice; only a call the worker was running when it
+    died fails with the crash."""
+    ledger = tmp_path / "runs"
+    env_fns = [
+        partial(FaultyEnv, 0, fault="exit", at_step=1),
+        partial(CheckpointEnv, 1, str(ledger), "never"),
+    ]
+    async with aiovec.VecEnv(
+        env_fns, num_workers=1, on_failure="restart", concurrent_envs=False
+    ) as venv:
+        await venv.areset(seed=0)
+        venv.send([0], env_ids=[0])  # the worker dies in this step
+        saved = await venv.acall("save_checkpoint", env_ids=[1])  # queued behind it
+        assert saved == ("saved",) and len(ledger.read_text()) == 1
+        batch = await venv.recv()
+        assert batch.env_ids.tolist() == [0] and batch.infos["restarted"][0]
+        assert venv.worker_restarts == (1,)

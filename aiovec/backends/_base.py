@@ -186,6 +186,9 @@ class Backend(abc.ABC):
     #: Workers whose envs run inside the caller's calls, in this process (their time
     #: is the agent's, not a worker's).
     local_workers: frozenset[int] = frozenset()
+    #: A :class:`WorkerExit`'s ``running`` names every env the worker was inside a call
+    #: of (an empty tuple: none); otherwise it may leave some or all of them out.
+    marks_running: bool = False
     descriptions: list[EnvDescription]
     buffers: Buffers
 

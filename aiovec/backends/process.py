@@ -139,6 +139,8 @@ class ProcessBackend(Backend):
     through a cross-core wake-up (a lockstep speed-up when cores are few).
     """
 
+    marks_running = True  # each worker marks the env it is in, in shared memory
+
     @descriptor_limit_explained()  # whichever descriptor meets the limit: say what to do
     def __init__(
         self,
