@@ -23,6 +23,7 @@ from gymnasium.vector import AutoresetMode
 from aiovec._infos import add_info, batch_infos
 from aiovec._scheduler import Scheduler, Ticket, raise_alone
 from aiovec._transport.buffers import Buffers
+from aiovec._transport.by_value import own_copy
 from aiovec._transport.protocol import Reply
 from aiovec._transport.spaces import batch_values, copy_buffer, read_rows
 from aiovec.errors import EnvError
@@ -128,8 +129,10 @@ class Results:
         observations = (
             read_rows(buffers.observations, rows)
             if self._observations_shared
-            else batch_values(
-                self._single_observation_space, [scheduler.observations[i] for i in env_ids]
+            else own_copy(  # a batch is the caller's: in-process envs keep writing theirs
+                batch_values(
+                    self._single_observation_space, [scheduler.observations[i] for i in env_ids]
+                )
             )
         )
         rewards = buffers.rewards.take(rows)  # take: about twice as fast as indexing
@@ -202,7 +205,9 @@ class Results:
     def observations(self, copy: bool) -> Any:
         """Every env's latest observation, as a batch (a copy, or the buffers themselves)."""
         if not self._observations_shared:
-            return batch_values(self._single_observation_space, self._scheduler.observations)
+            batch = batch_values(self._single_observation_space, self._scheduler.observations)
+            # copy: the caller's own (an in-process env may change its objects in place)
+            return own_copy(batch) if copy else batch
         buffers = self._buffers
         return copy_buffer(buffers.observations) if copy else buffers.observations
 
@@ -218,6 +223,10 @@ class Results:
             failures.extend(ticket.errors[i] for i in ticket.env_ids if i in ticket.errors)
         if failures:
             log_failures(failures, failures[0])
+            for ticket in tickets:  # envs rebuilt meanwhile were rebuilt all the same
+                reply = ticket.reply
+                if reply is not None and reply.infos is not None:
+                    self._count_restarts(ticket.env_ids, reply.infos)
             for ticket in tickets:  # consumed by this raise: they must not keep the error
                 ticket.failure = None
                 ticket.errors.clear()
@@ -236,6 +245,10 @@ class Results:
         num_envs = self._num_envs
         infos: dict[str, Any] = {}
         per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+        if self._disabled:  # an env whose reset failed still needs one
+            for ticket in tickets:
+                failed = ticket.env_ids if ticket.failure is not None else list(ticket.errors)
+                self.needs_reset[failed] = True
         for ticket, reply in self.replies(tickets):
             if reply.infos is not None:
                 self._count_restarts(ticket.env_ids, reply.infos)

@@ -213,3 +213,81 @@ class DictActionEnv(CounterEnv):
     def step(self, action):
         observation, reward, terminated, truncated, _ = super().step(0)
         return observation, reward, terminated, truncated, {"keys": sorted(action)}
+
+
+class GoalEnv(gym.Env):
+    """An env that moves its ``goal`` (a numpy array it is given, or its own) one step
+    on, in place, at each step, and pops ``"level"`` from its reset options: what an
+    env does with a value it owns. Observation: the goal."""
+
+    observation_space = spaces.Box(-1e6, 1e6, (2,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, goal: np.ndarray | None = None) -> None:
+        self.goal = np.zeros(2) if goal is None else goal
+        self.level = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if options is not None:
+            self.level = options.pop("level", 0)
+        return self.goal.copy(), {}
+
+    def set_goal(self, goal: np.ndarray) -> None:
+        self.goal = goal
+
+    def step(self, action):
+        self.goal += 1
+        return self.goal.copy(), 0.0, False, False, {}
+
+
+class ChatEnv(gym.Env):
+    """Text actions (an LLM agent's reply): reward, the reply's length."""
+
+    observation_space = spaces.Discrete(2)
+    action_space = spaces.Text(16)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action):
+        return 0, float(len(action)), False, False, {"got": str(action)}
+
+
+class GridEnv(gym.Env):
+    """A ``Tuple((Discrete(5), Discrete(5)))`` position returned as a numpy array, as
+    Gymnasium's vector envs accept it."""
+
+    observation_space = spaces.Tuple((spaces.Discrete(5), spaces.Discrete(5)))
+    action_space = spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([1, 2]), {}
+
+    def step(self, action):
+        return np.array([3, int(action)]), 0.0, False, False, {}
+
+
+class PointCloudEnv(gym.Env):
+    """A Sequence observation (a point set) that the env keeps and rewrites in place at
+    each step: the step count in every coordinate."""
+
+    observation_space = spaces.Sequence(spaces.Box(-1e6, 1e6, (2,), np.float32), stack=True)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.points = np.zeros((3, 2), np.float32)
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        self.points[:] = 0
+        return self.points, {}
+
+    def step(self, action):
+        self.steps += 1
+        self.points[:] = self.steps
+        return self.points, 0.0, False, False, {}

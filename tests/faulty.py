@@ -170,7 +170,7 @@ class GeneratorExitAsyncEnv(AsyncCounterEnv):
     """An async env that raises ``GeneratorExit`` itself (a simulator client built on
     generators that lets one escape) in its ``at_step``-th step, or in ``reset`` when
     ``in_reset``, from its second reset on; also in ``close`` when ``in_close``, and in
-    its constructor once rebuilt when given ``builds``."""
+    its constructor once rebuilt when given ``builds`` (a file's path)."""
 
     def __init__(
         self,
@@ -178,12 +178,16 @@ class GeneratorExitAsyncEnv(AsyncCounterEnv):
         at_step: int = 2,
         in_reset: bool = False,
         in_close: bool = False,
-        builds: list[int] | None = None,
+        builds: str | None = None,
     ) -> None:
-        # builds: shared by the rebuilds of one factory: raise in each rebuild
+        # builds: a file counting the builds (every copy of a factory writes to it):
+        # raise in each rebuild
         if builds is not None:
-            builds[0] += 1
-            if builds[0] > 1:
+            with open(builds, "a+") as handle:
+                handle.seek(0)
+                built = len(handle.read())
+                handle.write("x")
+            if built >= 1:
                 raise GeneratorExit(f"simulator {env_index} gone while rebuilding")
         super().__init__(env_index)
         self.at_step, self.in_reset, self.resets = at_step, in_reset, 0

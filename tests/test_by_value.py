@@ -47,3 +47,19 @@ def test_code_keeps_its_file_and_cell_lines():
     assert answer.__code__.co_filename == filename
     assert "# from a cell" in linecache.getline(filename, 2)
     del linecache.cache[filename]
+
+
+def test_each_key_unpickles_its_own_copy_of_a_factory_sent_once():
+    """One factory given for several envs travels once, yet every env it builds (and
+    every later build) owns what the factory captured."""
+    from functools import partial
+
+    data = np.zeros(1_000_000)  # 8 MB
+    blob = by_value.dumps_each({env_id: partial(dict, data=data) for env_id in range(1)})
+    blob_8 = by_value.dumps_each(dict.fromkeys(range(8), partial(dict, data=data)))
+    assert len(blob_8) < len(blob) + 1_000  # the 8 MB once, not 8 times
+    factories = by_value.loads_each(blob_8)
+    first, second, again = factories[0](), factories[1](), factories[0]()
+    assert first["data"] is not second["data"] and again["data"] is not first["data"]
+    first["data"] += 1
+    assert second["data"].max() == 0 and data.max() == 0

@@ -978,3 +978,123 @@ def test_values_with_reference_cycles_travel_both_ways_as_pickle_sends_them(back
         looped["self"] = looped
         venv.set_attr("looped", looped)
         assert all(value["self"] is value for value in venv.get_attr("looped"))
+
+
+# --- each env owns what it is given, as in AsyncVectorEnv ----------------------------------
+
+ISOLATION_LAYOUTS = [
+    pytest.param({"num_workers": 2}, id="2-workers"),
+    pytest.param({"num_workers": 1, "concurrent_envs": True}, id="threads"),
+    pytest.param({"num_workers": 2, "context": "fork"}, id="fork"),
+]
+
+
+def _goals_after_two_steps(venv) -> list[float]:
+    venv.step([0] * venv.num_envs)
+    observations, *_ = venv.step([0] * venv.num_envs)
+    return observations[:, 0].tolist()
+
+
+@pytest.mark.parametrize("layout", ISOLATION_LAYOUTS)
+def test_envs_of_a_worker_never_share_a_value_they_were_given(layout):
+    """AsyncVectorEnv gives every env its own copy of what it sends it (each env is in
+    a process of its own): an env changing such a value in place changes no other env.
+    aiovec's workers host several envs each, and gave them one object: the envs of a
+    worker drifted together (goals 3, 4, ... instead of 2)."""
+    import aiovec
+    from tests.envs import GoalEnv
+
+    goal = np.zeros(2)
+    with aiovec.VecEnv([lambda: GoalEnv(goal)] * 4, **layout) as venv:  # a captured value
+        venv.reset(seed=0)
+        assert _goals_after_two_steps(venv) == [2.0] * 4
+        venv.set_attr("goal", np.zeros(2))  # one value for every env
+        assert _goals_after_two_steps(venv) == [2.0] * 4
+        venv.call("set_goal", np.zeros(2))  # a call's arguments
+        assert _goals_after_two_steps(venv) == [2.0] * 4
+        shared = np.zeros(2)
+        venv.set_attr("goal", [shared] * 4)  # one object in every env's place
+        assert _goals_after_two_steps(venv) == [2.0] * 4
+        venv.reset(options={"level": 3})  # each env pops it from its own dict
+        assert venv.get_attr("level") == (3, 3, 3, 3)
+        level = {"level": 5}
+        venv.reset(options=[level] * 4)
+        assert venv.get_attr("level") == (5, 5, 5, 5)
+    assert goal.tolist() == [0.0, 0.0] and shared.tolist() == [0.0, 0.0]
+
+
+def test_envs_built_by_make_own_their_keyword_arguments():
+    import aiovec
+    from tests.envs import GoalEnv
+
+    with aiovec.make(GoalEnv, 4, backend="process", num_workers=2, goal=np.zeros(2)) as venv:
+        venv.reset(seed=0)
+        assert _goals_after_two_steps(venv) == [2.0] * 4
+
+
+def test_a_rebuilt_env_gets_a_fresh_copy_of_what_its_factory_captured():
+    """A restart builds the env again from its factory as first sent, not from the
+    values its failed predecessor changed in place."""
+    import aiovec
+    from tests.faulty import FaultyEnv
+
+    start = np.zeros(2)
+
+    def build() -> FaultyEnv:
+        env = FaultyEnv(0, fault="raise", at_step=3)
+        env.start = start  # a value the factory captured
+        return env
+
+    with aiovec.VecEnv([build] * 2, num_workers=1, on_failure="restart") as venv:
+        venv.reset(seed=0)
+        venv.apply(lambda env: env.start.__iadd__(7))
+        assert venv.get_attr("start")[0].tolist() == [7.0, 7.0]
+        venv.step([0, 0])
+        venv.step([0, 0])
+        *_, infos = venv.step([0, 0])  # both fail on their third step, and are rebuilt
+        assert infos["_restarted"].all()
+        assert [value.tolist() for value in venv.get_attr("start")] == [[0.0, 0.0]] * 2
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_numpy_array_of_text_actions_is_a_batch_of_texts(backend):
+    """``np.array(["hello", "hi", ""])`` is a batch of Text actions in Gymnasium's vector
+    envs (``iterate`` walks any sequence); aiovec refused anything but a list or tuple."""
+    import aiovec
+    from tests.envs import ChatEnv
+
+    with aiovec.VecEnv([ChatEnv] * 3, backend=backend) as venv:
+        venv.reset(seed=0)
+        _, rewards, *_, infos = venv.step(np.array(["hello", "hi", ""]))
+        assert rewards.tolist() == [5.0, 2.0, 0.0]
+        assert infos["got"].tolist() == ["hello", "hi", ""]
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_tuple_observation_returned_as_an_array_is_taken(backend):
+    import aiovec
+    from tests.envs import GridEnv
+
+    with aiovec.VecEnv([GridEnv] * 2, backend=backend) as venv:
+        observations, _ = venv.reset(seed=0)
+        assert [part.tolist() for part in observations] == [[1, 1], [2, 2]]
+        observations, *_ = venv.step([0, 3])
+        assert [part.tolist() for part in observations] == [[3, 3], [0, 3]]
+        assert observations in venv.observation_space
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+async def test_observations_sent_by_value_are_the_callers_own(backend):
+    """Observations that are not in shared memory (Sequence, Graph) are the caller's
+    own with ``copy=True`` and in first-ready batches, as SyncVectorEnv deep-copies
+    them: an env in this process rewriting its arrays changed what it had returned."""
+    import aiovec
+    from tests.envs import PointCloudEnv
+
+    async with aiovec.VecEnv([PointCloudEnv] * 2, backend=backend) as venv:
+        await venv.areset(seed=0)
+        first, *_ = await venv.astep([0, 0])
+        venv.send([0, 0])
+        batch = await venv.recv(min_envs=2)
+        await venv.astep([0, 0])
+        assert first[0][0, 0] == 1.0 and batch.observations[0][0, 0] == 2.0

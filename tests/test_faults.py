@@ -688,7 +688,7 @@ def test_ctrl_c_while_handing_buffers_to_workers_leaves_them_quiet(tmp_path, bef
 @pytest.mark.parametrize("backend_name", ["process", "coroutine"])
 @pytest.mark.parametrize("again_in", ["close", "rebuild"])
 def test_an_async_envs_generatorexit_while_it_is_rebuilt_is_handled_as_any_error(
-    backend_name, again_in
+    backend_name, again_in, tmp_path
 ):
     """Under the restart policy, an async env's step raises GeneratorExit, then its
     close() or its factory raises another while it is rebuilt: as with any error there,
@@ -696,7 +696,7 @@ def test_an_async_envs_generatorexit_while_it_is_rebuilt_is_handled_as_any_error
     the step once the restarts are spent; never an unanswered step."""
     from tests.faulty import GeneratorExitAsyncEnv
 
-    builds = [0] if again_in == "rebuild" else None
+    builds = str(tmp_path / "builds") if again_in == "rebuild" else None
     env_fns = [
         partial(AsyncCounterEnv, 0),
         partial(GeneratorExitAsyncEnv, 1, in_close=again_in == "close", builds=builds),
@@ -725,12 +725,14 @@ def test_an_async_envs_generatorexit_while_it_is_rebuilt_is_handled_as_any_error
 
 
 @pytest.mark.parametrize("backend_name", ["process", "coroutine"])
-def test_a_factory_raising_generatorexit_is_that_envs_build_error(backend_name):
+def test_a_factory_raising_generatorexit_is_that_envs_build_error(backend_name, tmp_path):
     """A factory's own GeneratorExit (a synchronous call: no coroutine of aiovec's is
     being closed) fails the construction as any factory error, naming the env."""
     from tests.faulty import GeneratorExitAsyncEnv
 
-    env_fns = [partial(AsyncCounterEnv, 0), partial(GeneratorExitAsyncEnv, 1, builds=[1])]
+    builds = tmp_path / "builds"
+    builds.write_text("x")  # built once before: this build is a rebuild, and raises
+    env_fns = [partial(AsyncCounterEnv, 0), partial(GeneratorExitAsyncEnv, 1, builds=str(builds))]
     with pytest.raises(aiovec.EnvError, match="simulator 1 gone while rebuilding") as caught:
         aiovec.VecEnv(env_fns, backend=backend_name)
     assert caught.value.env_index == 1 and caught.value.exc_type == "GeneratorExit"

@@ -266,7 +266,7 @@ def test_a_link_answers_only_the_connection_that_brings_the_token():
     from aiovec.backends._ray_actor import EnvActor, answer_decoder
 
     actor = ray.remote(num_cpus=0)(EnvActor).remote(
-        by_value.dumps({0: partial(CounterEnv, 0)}), AutoresetMode.NEXT_STEP.value, 0, None
+        by_value.dumps_each({0: partial(CounterEnv, 0)}), AutoresetMode.NEXT_STEP.value, 0, None
     )
     description = ray.get(actor.describe.remote())
     ray.get(actor.attach.remote(*description[0][0][:2], 1))
@@ -582,3 +582,25 @@ def test_an_info_that_cannot_be_sent_back_fails_only_its_env_and_the_actor_goes_
         assert caught.value.env_index == 3 and "_thread.lock" in str(caught.value)
         assert venv.call("env_index") == (0, 1, 2, 3)  # the actor lives on
         assert venv.worker_restarts == (0,)
+
+
+def test_envs_of_an_actor_never_share_a_value_they_were_given():
+    """As in AsyncVectorEnv, each env owns what it is given (a captured array, a
+    set_attr value, a call's arguments, reset options), though one actor hosts it with
+    others."""
+    from tests.envs import GoalEnv
+
+    goal = np.zeros(2)
+    with aiovec.VecEnv([lambda: GoalEnv(goal)] * 4, backend="ray", num_workers=2) as venv:
+        venv.reset(seed=0)
+        for change in (
+            lambda: None,
+            lambda: venv.set_attr("goal", np.zeros(2)),
+            lambda: venv.call("set_goal", np.zeros(2)),
+        ):
+            change()
+            venv.step([0] * 4)
+            observations, *_ = venv.step([0] * 4)
+            assert observations[:, 0].tolist() == [2.0] * 4
+        venv.reset(options={"level": 3})
+        assert venv.get_attr("level") == (3, 3, 3, 3)

@@ -392,3 +392,66 @@ async def test_a_call_queued_behind_a_crash_runs_on_the_replacement(tmp_path):
         batch = await venv.recv()
         assert batch.env_ids.tolist() == [0] and batch.infos["restarted"][0]
         assert venv.worker_restarts == (1,)
+
+
+class _AsyncHangingResetEnv(AsyncCounterEnv):
+    """An async env whose reset with ``options={"hang": True}`` hangs, once per ``ledger``."""
+
+    def __init__(self, env_index: int = 0, ledger: str = "") -> None:
+        super().__init__(env_index)
+        self.ledger = ledger
+
+    async def reset(self, *, seed=None, options=None):
+        if options and options.get("hang") and not os.path.exists(self.ledger):
+            Path(self.ledger).touch()
+            await asyncio.sleep(3600)
+        return await super().reset(seed=seed, options=options)
+
+
+@pytest.mark.parametrize("backend", ["coroutine", "process"])
+def test_an_async_env_whose_reset_hangs_is_rebuilt_within_step_timeout(tmp_path, backend):
+    """The hung reset is cancelled at ``step_timeout`` and, under the restart policy,
+    the env rebuilt and reset again, as for a reset that raises (it used to fail the
+    reset, and the next step stepped the env that never finished its reset)."""
+    ledger = str(tmp_path / "hung")
+    env_fns = [partial(_AsyncHangingResetEnv, i, ledger) for i in range(2)]
+    with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart", step_timeout=0.5) as venv:
+        venv.reset(seed=0)
+        venv.step([0, 0])
+        observations, infos = venv.reset(options=[None, {"hang": True}])
+        assert observations.tolist() == [[0, 0], [1, 0]]
+        assert infos["_restarted"].tolist() == [False, True]
+        assert "StepTimeoutError" in infos["restart_reason"][1]
+        assert venv.restart_counts.tolist() == [0, 1]
+        observations, *_ = venv.step([0, 0])
+        assert observations.tolist() == [[0, 1], [1, 1]]
+
+
+def test_a_restart_in_a_reset_that_raises_for_another_env_is_counted(tmp_path):
+    """Env 0 is rebuilt in a reset that then raises env 1's error (past max_restarts):
+    env 0's restart still counts, as in a lockstep step that raises."""
+    env_fns = [
+        partial(FailingResetEnv, 0, str(tmp_path / "zero"), failures=1),
+        partial(FailingResetEnv, 1, str(tmp_path / "one"), failures=5),
+    ]
+    with aiovec.VecEnv(env_fns, backend="inline", on_failure="restart", max_restarts=1) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(ConnectionError, match="simulator 1"):
+            venv.reset(options={"fail": True})
+        assert venv.restart_counts.tolist() == [1, 0]
+        assert venv.stats().env_restarts == 1
+
+
+def test_disabled_autoreset_a_reset_that_raised_leaves_its_env_needing_one(tmp_path, backend):
+    """DISABLED mode refuses to step an env whose episode ended before it is reset; a
+    reset that raised for an env has not reset it: stepping it is refused too (it was
+    allowed: the env's reset was marked done when sent)."""
+    env_fns = [partial(CounterEnv, 0), partial(FailingResetEnv, 1, str(tmp_path / "l"))]
+    with aiovec.VecEnv(env_fns, backend=backend, autoreset_mode="Disabled") as venv:
+        venv.reset(seed=0)
+        with pytest.raises(ConnectionError):
+            venv.reset(options=[None, {"fail": True}])
+        with pytest.raises(aiovec.NeedsResetError, match=r"\[1\]"):
+            venv.step([0, 0])
+        venv.reset(options=[None, {"fail": True}])  # fails no more
+        venv.step([0, 0])

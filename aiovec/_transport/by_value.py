@@ -15,10 +15,12 @@ other process can read itself (a script) is not sent.
 
 from __future__ import annotations
 
+import copy
 import io
 import linecache
 import pickle
 import types
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -71,3 +73,77 @@ def loads(data: bytes) -> Any:
     for filename, entry in pickle.load(stream).items():
         linecache.cache.setdefault(filename, entry)
     return value
+
+
+class OwnCopies:
+    """An env factory sent by value whose every env owns what the factory captured: each
+    call unpickles the factory anew (a restart's rebuild too), as every env of
+    ``AsyncVectorEnv`` unpickles its own in its own process. Without it, the envs of one
+    worker would share a captured array (or ``make``'s keyword arguments), and an env
+    changing it in place would change the others.
+
+    The first copy is unpickled when this is made, so that a factory that cannot be
+    unpickled fails there (a worker's start), not in its first call."""
+
+    __slots__ = ("_pickled", "_unused")
+
+    def __init__(self, pickled: bytes) -> None:
+        self._pickled = pickled
+        self._unused: Any = loads(pickled)
+
+    def __call__(self) -> Any:
+        factory, self._unused = self._unused, None
+        if factory is None:
+            factory = loads(self._pickled)
+        return factory()
+
+    def __repr__(self) -> str:
+        return f"OwnCopies({loads(self._pickled)!r})"
+
+
+def dumps_each(values: dict[int, Any]) -> bytes:
+    """``values`` for :func:`loads_each`: each pickled on its own (by :func:`dumps`), so
+    no object is shared between two of them on arrival. One object given for several
+    keys (``[env_fn] * 16``) is pickled and sent once: each key still unpickles its own."""
+    pickled: dict[int, bytes] = {}  # id(value) -> its bytes
+    return pickle.dumps(
+        {
+            key: pickled.get(id(value)) or pickled.setdefault(id(value), dumps(value))
+            for key, value in values.items()
+        }
+    )
+
+
+def loads_each(data: bytes) -> dict[int, Callable[[], Any]]:
+    """The factories of :func:`dumps_each`, each an :class:`OwnCopies`."""
+    return {key: OwnCopies(pickled) for key, pickled in pickle.loads(data).items()}
+
+
+def own_copies(factories: dict[int, Any]) -> dict[int, Any]:
+    """``factories`` (inherited by a fork, not pickled), each as an :class:`OwnCopies`
+    where it can be pickled; one that cannot (it captured a lock, say) stays as it is,
+    its envs sharing what it captured."""
+    owned: dict[int, Any] = {}
+    for key, factory in factories.items():
+        try:
+            owned[key] = OwnCopies(dumps(factory))
+        except Exception:
+            owned[key] = factory
+    return owned
+
+
+#: Types whose values nobody can change: never copied (see :func:`own_copy`).
+_IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def own_copy(value: Any) -> Any:
+    """A copy of ``value`` that nobody else holds (values that cannot change, as they
+    are): what each env of ``AsyncVectorEnv`` gets by unpickling its own. A value
+    ``copy.deepcopy`` refuses is kept as it is."""
+    kind = type(value)
+    if kind in _IMMUTABLE or (kind is tuple and all(type(item) in _IMMUTABLE for item in value)):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return value

@@ -273,7 +273,11 @@ def _tuple_row_converter(space: spaces.Tuple[Any]) -> Callable[[Any], Any]:
     converters = [_row_converter(sub) for sub in space.spaces]
 
     def convert(value: Any) -> tuple[Any, ...]:
-        if not isinstance(value, (tuple, list)) or len(value) != len(converters):
+        # (an array of the items too, as Gymnasium's vector envs take one)
+        sequence = isinstance(value, (tuple, list)) or (
+            isinstance(value, np.ndarray) and value.ndim >= 1
+        )
+        if not sequence or len(value) != len(converters):
             raise ValueError(f"expected a tuple of {len(converters)} items, got {_preview(value)}")
         return tuple(convert_item(item) for convert_item, item in zip(converters, value))
 
@@ -365,6 +369,8 @@ def batch_checker(space: spaces.Space[Any], path: str = "actions") -> Callable[[
     """
 
     def check(batch: Any, count: int) -> Checked:  # not shareable: one Python object per env
+        if isinstance(batch, np.ndarray) and batch.ndim:  # e.g. np.array of Text actions
+            batch = list(batch)
         if not isinstance(batch, (list, tuple)):
             raise TypeError(
                 f"{path}: expected a sequence of {count} samples of {space} (one per env), "

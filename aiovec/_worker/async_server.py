@@ -18,12 +18,23 @@ import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
-from aiovec._transport.protocol import Call, EnvCommand, ErrorInfo, Reply, Step, merge_replies
+from aiovec._transport.protocol import (
+    Call,
+    EnvCommand,
+    ErrorInfo,
+    Reply,
+    Reset,
+    Step,
+    merge_replies,
+)
 from aiovec._worker.blocks import BlockHost
 from aiovec._worker.host import EnvHost, StepOutcome, call_errors, error_info, running_task
 from aiovec.errors import StepTimeoutError
+
+#: What recovering one env gives: a step's outcome, or a reset's reply.
+_Answer = TypeVar("_Answer", StepOutcome, Reply)
 
 logger = logging.getLogger("aiovec")
 
@@ -190,25 +201,43 @@ class AsyncEnvServer:
     async def _answer_late(
         self, env_id: int, command: EnvCommand, position: int, loop: asyncio.AbstractEventLoop
     ) -> None:
-        """Fail env ``env_id``'s part of ``command`` with StepTimeoutError (a step is then
-        handled like any failed step: rebuilt under the restart policy)."""
+        """Fail env ``env_id``'s part of ``command`` with StepTimeoutError (a step or a
+        reset is then handled like any that failed: rebuilt under the restart policy)."""
         timeout = cast(float, self._step_timeout)  # only late with a step_timeout
         late = StepTimeoutError(None, [env_id], [env_id], timeout)
         if type(command) is Step:
-            self._step_done(command.seq, await self._recover_in_time(env_id, late), loop)
+            recover_step = partial(self.host.recover_async, env_id)
+            outcome = await self._recover_in_time(
+                env_id, late, recover_step, partial(_failed_step, env_id)
+            )
+            self._step_done(command.seq, outcome, loop)
+        elif type(command) is Reset:  # rebuilt and reset again, as a reset that raised
+            own = command.subset([position])
+            recover_reset = partial(self.host.recover_reset_async, own)
+            recovered = await self._recover_in_time(
+                env_id, late, recover_reset, partial(_failed_reset, own)
+            )
+            self._part_done(command, position, recovered)
         else:
             operation = type(command).__name__.lower()
-            failed = Reply(command.seq, [env_id], errors=[error_info(env_id, operation, late)])
-            self._part_done(command, position, failed)
+            error = error_info(env_id, operation, late)
+            self._part_done(command, position, Reply(command.seq, [env_id], errors=[error]))
 
-    async def _recover_in_time(self, env_id: int, error: BaseException) -> StepOutcome:
-        """The host's recovery of env ``env_id`` from ``error`` (the restart policy), each
-        attempt (closing the env, building and resetting its replacement) bounded by
-        ``step_timeout``: an attempt late in turn is a failure in a row of its own, its
-        env abandoned (closed in the background, not awaited), until the policy gives up."""
+    async def _recover_in_time(
+        self,
+        env_id: int,
+        error: BaseException,
+        recover: Callable[[BaseException], Awaitable[_Answer]],
+        failed: Callable[[BaseException], _Answer],
+    ) -> _Answer:
+        """The host's recovery of one env from ``error`` (the restart policy: ``recover``
+        an outcome or reply), each attempt (closing the env, building and resetting its
+        replacement) bounded by ``step_timeout``: an attempt late in turn is a failure
+        in a row of its own, its env abandoned (closed in the background, not awaited),
+        until the policy gives up; ``failed`` says so when an attempt cannot be ended."""
         timeout = cast(float, self._step_timeout)  # only late with a step_timeout
         while True:
-            recovery = asyncio.ensure_future(self.host.recover_async(env_id, error))
+            recovery = asyncio.ensure_future(recover(error))
             try:
                 done, _ = await asyncio.wait([recovery], timeout=timeout)
             except asyncio.CancelledError:  # shutting down
@@ -221,7 +250,7 @@ class AsyncEnvServer:
             error = StepTimeoutError(None, [env_id], [env_id], timeout)
             _start_closing([self.host.abandon(env_id, error)])  # not waited for
             if not ended:  # it ignores its cancellation: no attempt may race with it
-                return StepOutcome(env_id, None, error_info(env_id, "step", error), False)
+                return failed(error)
 
     def _expire(
         self, env_id: int, runner: asyncio.Task[None], loop: asyncio.AbstractEventLoop
@@ -273,6 +302,17 @@ class AsyncEnvServer:
         if all(part is not None for part in parts):
             del self._gathering[command.seq]
             self._emit(merge_replies(cast("list[Reply]", parts)))  # none is None now
+
+
+def _failed_step(env_id: int, error: BaseException) -> StepOutcome:
+    """The outcome of env ``env_id``'s step that failed with ``error``."""
+    return StepOutcome(env_id, None, error_info(env_id, "step", error), False)
+
+
+def _failed_reset(command: Reset, error: BaseException) -> Reply:
+    """The reply to ``command``, a reset of one env that failed with ``error``."""
+    env_id = command.env_ids[0]
+    return Reply(command.seq, [env_id], errors=[error_info(env_id, "reset", error)])
 
 
 class AsyncBlockServer:

@@ -573,9 +573,9 @@ class BlockHost(HostState):
         size = self.envs_per_block
         offsets = [command.env_ids[p] - first_row for p in positions]
         seeds = [command.seeds[p] for p in positions]
-        options = command.options
+        options = self.own_copy(command.options)
         if command.per_env_options:
-            chosen = [command.options[p] for p in positions]
+            chosen = [self.own_copy(command.options[p]) for p in positions]
             if any(item != chosen[0] for item in chosen[1:]):
                 raise ValueError(
                     "reset options differ between envs of one batched env; a batched env "
@@ -640,7 +640,7 @@ class BlockHost(HostState):
     def _call_flow(self, first_row: int, command: Call) -> Flow:
         """One call on the block; each row gets its result, except for a per-env
         sequence of results (a vector env's ``render``, ``call``), which is split."""
-        args, kwargs = command.args or (), command.kwargs or {}
+        args, kwargs = self.own_copy(command.args or ()), self.own_copy(command.kwargs or {})
         if command.function is not None:
             function = command.function
             value = yield lambda block: function(block, *args, **kwargs)
@@ -663,7 +663,7 @@ class BlockHost(HostState):
                 f"set_attr({command.name!r}) gives envs of one batched env different "
                 "values; a batched env has one attribute per block: give its rows one value"
             )
-        setattr(self.envs[first_row], command.name, values[0])
+        setattr(self.envs[first_row], command.name, self.own_copy(values[0]))
 
     def notify_restart(self, reason: str, env_ids: list[int] | None = None) -> None:
         """The next step of each block of ``env_ids`` (default: all) reports a restart."""

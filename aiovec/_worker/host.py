@@ -26,6 +26,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from aiovec._transport.buffers import Buffers
+from aiovec._transport.by_value import own_copy
 from aiovec._transport.protocol import (
     Call,
     EnvCommand,
@@ -317,6 +318,15 @@ class HostState:
         )
         #: Whether observations travel in replies (spaces not in shared memory).
         self.observations_in_replies = self._observations is not None
+        #: Each env gets its own copy of the values a command gives it (reset options,
+        #: call arguments, set_attr values), as each env of AsyncVectorEnv unpickles its
+        #: own: set in worker processes and actors. In this process (inline, coroutine)
+        #: envs get the caller's objects, as in SyncVectorEnv.
+        self.copies_values = False
+
+    def own_copy(self, value: Any) -> Any:
+        """``value`` for one env: its own copy with :attr:`copies_values`."""
+        return own_copy(value) if self.copies_values else value
 
     def add_busy(self, seconds: float) -> None:
         """Count ``seconds`` spent running envs (reported by the next :meth:`take_busy`)."""
@@ -666,6 +676,19 @@ class EnvHost(HostState):
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
         return StepOutcome(env_id, info, None, False)
 
+    async def recover_reset_async(self, command: Reset, exc: BaseException) -> Reply:
+        """The reply to ``command``, a reset of one env that failed with ``exc`` (a
+        timeout): the env rebuilt and reset again with the same seed and options
+        (restart policy), or ``exc`` reported."""
+        env_id, seed = command.env_ids[0], command.seeds[0]
+        options = self.own_copy(command.options[0] if command.per_env_options else command.options)
+        again = partial(self._fresh_reset_flow, env_id, seed, options)
+        try:
+            info = await self._drive_async(env_id, self._recover_flow(env_id, exc, again))
+        except env_errors() as final:
+            return self.control_reply(command, [None], [error_info(env_id, "reset", final)])
+        return self.control_reply(command, [info], [])
+
     async def recover_async(self, env_id: int, exc: BaseException) -> StepOutcome:
         """:meth:`_recover` for envs whose methods may return awaitables."""
         try:
@@ -714,11 +737,12 @@ class EnvHost(HostState):
         env_id = command.env_ids[position]
         if isinstance(command, Reset):
             options = command.options[position] if command.per_env_options else command.options
+            options = self.own_copy(options)
             return "reset", self._reset_flow(env_id, command.seeds[position], options)
         if isinstance(command, Call):
-            return command.name, _single(_call_request(command))
+            return command.name, _single(_call_request(command, self.own_copy))
         if isinstance(command, SetAttr):
-            value = command.values[position]
+            value = self.own_copy(command.values[position])
             request = methodcaller("set_wrapper_attr", command.name, value)
             return f"set_attr {command.name}", _single(request)
         raise TypeError(f"unexpected command {command!r}")
@@ -995,8 +1019,10 @@ def _single(request: Callable[[Any], Any]) -> Flow:
     return (yield request)
 
 
-def _call_request(command: Call) -> Callable[[Any], Any]:
-    args, kwargs = command.args or (), command.kwargs or {}
+def _call_request(
+    command: Call, own_copy: Callable[[Any], Any] = lambda value: value
+) -> Callable[[Any], Any]:
+    args, kwargs = own_copy(command.args or ()), own_copy(command.kwargs or {})
     if command.function is not None:
         return lambda env: command.function(env, *args, **kwargs)
 

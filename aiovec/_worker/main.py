@@ -155,8 +155,12 @@ def worker_main(
     catch_env_exits()  # so an env's own KeyboardInterrupt or sys.exit() is its error
     try:
         try:
-            # By value (a fork: inherited as they are) or pickled (the zygote, spawn).
-            env_fns = factories if isinstance(factories, dict) else by_value.loads(factories)
+            # By value (a fork: inherited as they are) or pickled (the zygote, spawn);
+            # either way each env gets its own copy of what its factory captured.
+            if isinstance(factories, dict):
+                env_fns = by_value.own_copies(factories)
+            else:
+                env_fns = by_value.loads_each(factories)
             host, descriptions = build_host(
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
             )
@@ -167,6 +171,7 @@ def worker_main(
             connection.send(encode(Hello(error=error_info(first_env_id, "unpickle", exc))))
             return
         envs = host.envs
+        host.copies_values = True  # its envs never share a value sent to them
         if restart_reason is not None:  # this worker replaces one that failed
             host.notify_restart(restart_reason)
         async_envs = any(isinstance(env, AsyncEnv) for env in envs.values())

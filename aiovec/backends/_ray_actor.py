@@ -87,7 +87,7 @@ class EnvActor:
     ) -> None:
         mark_worker_process()
         install(registrations)  # before the factories, which may name those ids
-        env_fns = by_value.loads(factories)
+        env_fns = by_value.loads_each(factories)
         try:
             self.host, self._descriptions = build_host(
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
@@ -98,6 +98,7 @@ class EnvActor:
             self.host = None  # type: ignore[assignment]
             return
         self.build_error = None
+        self.host.copies_values = True  # its envs never share a value sent to them
         envs = self.host.envs
         if envs_per_block is not None:
             concurrent = False  # a block is stepped in one call: nothing to overlap
