@@ -804,3 +804,14 @@ async def test_recv_refuses_a_min_envs_that_whole_blocks_cannot_meet_within_max_
         assert len(batch.env_ids) == 4
         batch = await venv.recv(min_envs=3)
         assert len(batch.env_ids) == 4
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_per_env_reset_options_holding_arrays_reach_each_block(backend):
+    """One options dict holding an array, given to every env (the same dict, or equal
+    ones): each block takes it (comparing them raised "truth value of an array is
+    ambiguous" once blocks got copies)."""
+    goal = np.array([1.0, 2.0])
+    with aiovec.make(point_masses, 4, envs_per_block=2, backend=backend) as venv:
+        venv.reset(seed=0, options=[{"goal": goal}] * 4)
+        venv.reset(seed=0, options=[{"goal": goal.copy()} for _ in range(4)])

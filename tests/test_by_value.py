@@ -49,17 +49,34 @@ def test_code_keeps_its_file_and_cell_lines():
     del linecache.cache[filename]
 
 
-def test_each_key_unpickles_its_own_copy_of_a_factory_sent_once():
-    """One factory given for several envs travels once, yet every env it builds (and
-    every later build) owns what the factory captured."""
+def test_each_key_unpickles_its_own_copy_of_factories_sent_once():
+    """Factories pickled together (one for several envs, or several capturing one
+    array) carry the array once, yet every env, and with ``rebuilds`` every later build,
+    owns what its factory captured."""
     from functools import partial
 
-    data = np.zeros(1_000_000)  # 8 MB
-    blob = by_value.dumps_each({env_id: partial(dict, data=data) for env_id in range(1)})
-    blob_8 = by_value.dumps_each(dict.fromkeys(range(8), partial(dict, data=data)))
-    assert len(blob_8) < len(blob) + 1_000  # the 8 MB once, not 8 times
-    factories = by_value.loads_each(blob_8)
-    first, second, again = factories[0](), factories[1](), factories[0]()
-    assert first["data"] is not second["data"] and again["data"] is not first["data"]
-    first["data"] += 1
-    assert second["data"].max() == 0 and data.max() == 0
+    data = np.zeros(100_000)  # 800 kB
+    alone = len(by_value.dumps({0: partial(dict, data=data)}))
+    same = by_value.dumps(dict.fromkeys(range(8), partial(dict, data=data)))
+    distinct = by_value.dumps({key: partial(dict, data=data) for key in range(8)})
+    assert len(same) < alone + 1_000 and len(distinct) < alone + 1_000  # 800 kB once
+    for blob in (same, distinct):
+        factories = by_value.loads_each(blob)
+        first, second, again = factories[0](), factories[1](), factories[0]()
+        assert first["data"] is not second["data"] and again["data"] is not first["data"]
+        first["data"] += 1
+        assert second["data"].max() == 0 and again["data"].max() == 0
+    kept = by_value.loads_each(same, rebuilds=False)  # no restarts: no bytes kept
+    assert kept[0]()["data"] is kept[0]()["data"]
+    assert data.max() == 0
+
+
+def test_factories_capturing_large_data_are_unpickled_once(monkeypatch):
+    """Beyond OWN_COPIES_UP_TO bytes, a worker's envs share what their factories
+    captured (a dataset is not copied once per env)."""
+    from functools import partial
+
+    monkeypatch.setattr(by_value, "OWN_COPIES_UP_TO", 1_000)
+    data = np.zeros(1_000)  # 8 kB
+    factories = by_value.loads_each(by_value.dumps(dict.fromkeys(range(2), partial(dict, x=data))))
+    assert factories[0]()["x"] is factories[1]()["x"]

@@ -987,6 +987,7 @@ ISOLATION_LAYOUTS = [
     pytest.param({"num_workers": 1, "concurrent_envs": True}, id="threads"),
     pytest.param({"num_workers": 2, "context": "fork"}, id="fork"),
 ]
+FORK = {"num_workers": 2, "context": "fork"}
 
 
 def _goals_after_two_steps(venv) -> list[float]:
@@ -1007,7 +1008,8 @@ def test_envs_of_a_worker_never_share_a_value_they_were_given(layout):
     goal = np.zeros(2)
     with aiovec.VecEnv([lambda: GoalEnv(goal)] * 4, **layout) as venv:  # a captured value
         venv.reset(seed=0)
-        assert _goals_after_two_steps(venv) == [2.0] * 4
+        if layout != FORK:  # a fork's envs share what it captured (see the test below)
+            assert _goals_after_two_steps(venv) == [2.0] * 4
         venv.set_attr("goal", np.zeros(2))  # one value for every env
         assert _goals_after_two_steps(venv) == [2.0] * 4
         venv.call("set_goal", np.zeros(2))  # a call's arguments
@@ -1098,3 +1100,26 @@ async def test_observations_sent_by_value_are_the_callers_own(backend):
         batch = await venv.recv(min_envs=2)
         await venv.astep([0, 0])
         assert first[0][0, 0] == 1.0 and batch.observations[0][0, 0] == 2.0
+
+
+def test_with_fork_what_factories_capture_stays_shared():
+    """``context="fork"`` is chosen to share memory with the envs (a shared array, a
+    model in shared memory): factories are inherited as they are, so an env writing to
+    a ``multiprocessing.RawArray`` it captured writes to the agent's."""
+    import multiprocessing
+
+    import aiovec
+    from tests.envs import GoalEnv
+
+    shared = multiprocessing.RawArray("d", 4)
+    view = np.frombuffer(shared, dtype=np.float64)
+
+    def build(index: int) -> GoalEnv:
+        env = GoalEnv()
+        env.mark = lambda: view.__setitem__(index, index + 1)  # noqa: B023 (index bound)
+        return env
+
+    env_fns = [partial(build, index) for index in range(4)]
+    with aiovec.VecEnv(env_fns, num_workers=2, context="fork") as venv:
+        venv.apply(lambda env: env.mark())
+    assert view.tolist() == [1.0, 2.0, 3.0, 4.0]

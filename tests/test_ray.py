@@ -266,7 +266,7 @@ def test_a_link_answers_only_the_connection_that_brings_the_token():
     from aiovec.backends._ray_actor import EnvActor, answer_decoder
 
     actor = ray.remote(num_cpus=0)(EnvActor).remote(
-        by_value.dumps_each({0: partial(CounterEnv, 0)}), AutoresetMode.NEXT_STEP.value, 0, None
+        by_value.dumps({0: partial(CounterEnv, 0)}), AutoresetMode.NEXT_STEP.value, 0, None
     )
     description = ray.get(actor.describe.remote())
     ray.get(actor.attach.remote(*description[0][0][:2], 1))

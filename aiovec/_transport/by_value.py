@@ -76,60 +76,52 @@ def loads(data: bytes) -> Any:
 
 
 class OwnCopies:
-    """An env factory sent by value whose every env owns what the factory captured: each
-    call unpickles the factory anew (a restart's rebuild too), as every env of
-    ``AsyncVectorEnv`` unpickles its own in its own process. Without it, the envs of one
-    worker would share a captured array (or ``make``'s keyword arguments), and an env
-    changing it in place would change the others.
+    """An env factory, one of several pickled together (the factories of one worker's
+    envs), that is this env's alone: each env unpickles the whole group for itself, so
+    no two envs share what their factories captured, as no two envs of
+    ``AsyncVectorEnv`` do (each unpickles its own), while an array captured by all of
+    them travels once. Built from the group's bytes, a call after the first (a
+    restart's rebuild) unpickles the group anew: the rebuilt env starts from the
+    factory as sent, not from what its predecessor changed in place."""
 
-    The first copy is unpickled when this is made, so that a factory that cannot be
-    unpickled fails there (a worker's start), not in its first call."""
+    __slots__ = ("_factory", "_pickled", "_key", "_used")
 
-    __slots__ = ("_pickled", "_unused")
-
-    def __init__(self, pickled: bytes) -> None:
-        self._pickled = pickled
-        self._unused: Any = loads(pickled)
+    def __init__(self, factory: Callable[[], Any], pickled: bytes | None, key: int) -> None:
+        self._factory, self._pickled, self._key = factory, pickled, key
+        self._used = False
 
     def __call__(self) -> Any:
-        factory, self._unused = self._unused, None
-        if factory is None:
-            factory = loads(self._pickled)
-        return factory()
+        if self._used and self._pickled is not None:  # a rebuild: from the factory as sent
+            self._factory = loads(self._pickled)[self._key]
+        self._used = True
+        return self._factory()
 
     def __repr__(self) -> str:
-        return f"OwnCopies({loads(self._pickled)!r})"
+        return repr(self._factory)
 
 
-def dumps_each(values: dict[int, Any]) -> bytes:
-    """``values`` for :func:`loads_each`: each pickled on its own (by :func:`dumps`), so
-    no object is shared between two of them on arrival. One object given for several
-    keys (``[env_fn] * 16``) is pickled and sent once: each key still unpickles its own."""
-    pickled: dict[int, bytes] = {}  # id(value) -> its bytes
-    return pickle.dumps(
-        {
-            key: pickled.get(id(value)) or pickled.setdefault(id(value), dumps(value))
-            for key, value in values.items()
-        }
-    )
+#: Bytes of pickled factories up to which each env unpickles its own copy: beyond,
+#: what they capture is large data (a dataset, a map), unpickled once and shared by the
+#: envs of a worker, as a fork shares it copy-on-write, instead of one copy per env.
+OWN_COPIES_UP_TO = 8 * 2**20
 
 
-def loads_each(data: bytes) -> dict[int, Callable[[], Any]]:
-    """The factories of :func:`dumps_each`, each an :class:`OwnCopies`."""
-    return {key: OwnCopies(pickled) for key, pickled in pickle.loads(data).items()}
+def loads_each(data: bytes, *, rebuilds: bool = True) -> dict[int, Callable[[], Any]]:
+    """The factories pickled together by :func:`dumps` (a dict keyed by env id), each
+    an :class:`OwnCopies` unpickled for its env alone (up to :data:`OWN_COPIES_UP_TO`
+    bytes; beyond, as they are: the envs share what their factories captured).
+    ``rebuilds``: keep ``data`` so that each later call unpickles a fresh copy (else it
+    calls the env's own again).
 
-
-def own_copies(factories: dict[int, Any]) -> dict[int, Any]:
-    """``factories`` (inherited by a fork, not pickled), each as an :class:`OwnCopies`
-    where it can be pickled; one that cannot (it captured a lock, say) stays as it is,
-    its envs sharing what it captured."""
-    owned: dict[int, Any] = {}
-    for key, factory in factories.items():
-        try:
-            owned[key] = OwnCopies(dumps(factory))
-        except Exception:
-            owned[key] = factory
-    return owned
+    Raises what unpickling raises, at once (a worker's start-up error)."""
+    first: dict[int, Callable[[], Any]] = loads(data)
+    if len(data) > OWN_COPIES_UP_TO:
+        return first
+    kept = data if rebuilds else None
+    return {
+        key: OwnCopies(first[key] if index == 0 else loads(data)[key], kept, key)
+        for index, key in enumerate(first)
+    }
 
 
 #: Types whose values nobody can change: never copied (see :func:`own_copy`).

@@ -573,15 +573,16 @@ class BlockHost(HostState):
         size = self.envs_per_block
         offsets = [command.env_ids[p] - first_row for p in positions]
         seeds = [command.seeds[p] for p in positions]
-        options = self.own_copy(command.options)
+        options = command.options
         if command.per_env_options:
-            chosen = [self.own_copy(command.options[p]) for p in positions]
-            if any(item != chosen[0] for item in chosen[1:]):
+            chosen = [command.options[p] for p in positions]
+            if any(not same_value(item, chosen[0]) for item in chosen[1:]):
                 raise ValueError(
                     "reset options differ between envs of one batched env; a batched env "
                     "takes one options dict per block"
                 )
             options = chosen[0]
+        options = self.own_copy(options)
         whole = len(positions) == size
         seed: Any = None
         if any(s is not None for s in seeds):
@@ -806,6 +807,10 @@ def same_value(value: Any, other: Any) -> bool:
     if value is other:
         return True
     try:
+        if isinstance(value, dict) and isinstance(other, dict):  # e.g. options with arrays
+            return value.keys() == other.keys() and all(
+                same_value(item, other[key]) for key, item in value.items()
+            )
         if isinstance(value, np.ndarray) or isinstance(other, np.ndarray):
             return bool(np.array_equal(value, other))
         return bool(value == other)

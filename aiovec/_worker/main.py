@@ -155,12 +155,13 @@ def worker_main(
     catch_env_exits()  # so an env's own KeyboardInterrupt or sys.exit() is its error
     try:
         try:
-            # By value (a fork: inherited as they are) or pickled (the zygote, spawn);
-            # either way each env gets its own copy of what its factory captured.
+            # Inherited as they are (a fork: what they capture, shared memory included,
+            # stays shared, as fork gives it) or pickled (the zygote, spawn: each env
+            # unpickles its own copy of what its factory captured).
             if isinstance(factories, dict):
-                env_fns = by_value.own_copies(factories)
+                env_fns = factories
             else:
-                env_fns = by_value.loads_each(factories)
+                env_fns = by_value.loads_each(factories, rebuilds=max_restarts > 0)
             host, descriptions = build_host(
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
             )

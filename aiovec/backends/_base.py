@@ -323,8 +323,8 @@ def pickle_factories(
 ) -> bytes:
     """The factories as bytes to send to ``destination``, or a FactoryPicklingError
     naming the culprit (``advice``: what else this backend offers, after "or")."""
-    try:  # each on its own: no two envs share what their factories captured
-        return by_value.dumps_each(env_fns)
+    try:  # together: what several capture travels once (each env unpickles its own)
+        return by_value.dumps(env_fns)
     except Exception:
         pass
     for env_id, env_fn in env_fns.items():
