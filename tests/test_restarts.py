@@ -302,15 +302,18 @@ async def test_an_async_reset_under_restart_reports_the_restart(tmp_path, backen
 
 
 class _AsyncFailingResetEnv(AsyncCounterEnv):
-    """An async env whose reset with ``options={"fail": True}`` raises once per ``ledger``."""
+    """An async env whose reset with ``options={"fail": True}`` raises (``fault="raise"``)
+    or hangs (``"hang"``), once per ``ledger``."""
 
-    def __init__(self, env_index: int = 0, ledger: str = "") -> None:
+    def __init__(self, env_index: int = 0, ledger: str = "", fault: str = "raise") -> None:
         super().__init__(env_index)
-        self.ledger = ledger
+        self.ledger, self.fault = ledger, fault
 
     async def reset(self, *, seed=None, options=None):
         if options and options.get("fail") and not os.path.exists(self.ledger):
             Path(self.ledger).touch()
+            if self.fault == "hang":
+                await asyncio.sleep(3600)
             raise ConnectionError("the simulator's server went away")
         return await super().reset(seed=seed, options=options)
 
@@ -394,31 +397,17 @@ async def test_a_call_queued_behind_a_crash_runs_on_the_replacement(tmp_path):
         assert venv.worker_restarts == (1,)
 
 
-class _AsyncHangingResetEnv(AsyncCounterEnv):
-    """An async env whose reset with ``options={"hang": True}`` hangs, once per ``ledger``."""
-
-    def __init__(self, env_index: int = 0, ledger: str = "") -> None:
-        super().__init__(env_index)
-        self.ledger = ledger
-
-    async def reset(self, *, seed=None, options=None):
-        if options and options.get("hang") and not os.path.exists(self.ledger):
-            Path(self.ledger).touch()
-            await asyncio.sleep(3600)
-        return await super().reset(seed=seed, options=options)
-
-
 @pytest.mark.parametrize("backend", ["coroutine", "process"])
 def test_an_async_env_whose_reset_hangs_is_rebuilt_within_step_timeout(tmp_path, backend):
     """The hung reset is cancelled at ``step_timeout`` and, under the restart policy,
     the env rebuilt and reset again, as for a reset that raises (it used to fail the
     reset, and the next step stepped the env that never finished its reset)."""
     ledger = str(tmp_path / "hung")
-    env_fns = [partial(_AsyncHangingResetEnv, i, ledger) for i in range(2)]
+    env_fns = [partial(_AsyncFailingResetEnv, i, ledger, "hang") for i in range(2)]
     with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart", step_timeout=0.5) as venv:
         venv.reset(seed=0)
         venv.step([0, 0])
-        observations, infos = venv.reset(options=[None, {"hang": True}])
+        observations, infos = venv.reset(options=[None, {"fail": True}])
         assert observations.tolist() == [[0, 0], [1, 0]]
         assert infos["_restarted"].tolist() == [False, True]
         assert "StepTimeoutError" in infos["restart_reason"][1]
