@@ -76,23 +76,22 @@ def loads(data: bytes) -> Any:
 
 
 class OwnCopies:
-    """An env factory, one of several pickled together (the factories of one worker's
-    envs), that is this env's alone: each env unpickles the whole group for itself, so
-    no two envs share what their factories captured, as no two envs of
-    ``AsyncVectorEnv`` do (each unpickles its own), while an array captured by all of
-    them travels once. Built from the group's bytes, a call after the first (a
-    restart's rebuild) unpickles the group anew: the rebuilt env starts from the
+    """An env factory that is one env's alone: unpickled from its own bytes for that
+    env, so no two envs share what their factories captured, as no two envs of
+    ``AsyncVectorEnv`` do (each unpickles its own). With ``rebuilds``, each call after
+    the first (a restart's rebuild) unpickles anew: the rebuilt env starts from the
     factory as sent, not from what its predecessor changed in place."""
 
-    __slots__ = ("_factory", "_pickled", "_key", "_used")
+    __slots__ = ("_factory", "_pickled", "_used")
 
-    def __init__(self, factory: Callable[[], Any], pickled: bytes | None, key: int) -> None:
-        self._factory, self._pickled, self._key = factory, pickled, key
+    def __init__(self, pickled: bytes, rebuilds: bool) -> None:
+        self._factory: Callable[[], Any] = loads(pickled)
+        self._pickled = pickled if rebuilds else None
         self._used = False
 
     def __call__(self) -> Any:
         if self._used and self._pickled is not None:  # a rebuild: from the factory as sent
-            self._factory = loads(self._pickled)[self._key]
+            self._factory = loads(self._pickled)
         self._used = True
         return self._factory()
 
@@ -100,28 +99,32 @@ class OwnCopies:
         return repr(self._factory)
 
 
-#: Bytes of pickled factories up to which each env unpickles its own copy: beyond,
-#: what they capture is large data (a dataset, a map), unpickled once and shared by the
-#: envs of a worker, as a fork shares it copy-on-write, instead of one copy per env.
+#: Bytes of pickled factories (a worker's) up to which each env gets its own copy of
+#: what they capture: beyond, that is large data (a dataset, a map), unpickled once and
+#: shared by the worker's envs, as a fork shares it copy-on-write, not copied per env.
 OWN_COPIES_UP_TO = 8 * 2**20
 
 
 def loads_each(data: bytes, *, rebuilds: bool = True) -> dict[int, Callable[[], Any]]:
-    """The factories pickled together by :func:`dumps` (a dict keyed by env id), each
-    an :class:`OwnCopies` unpickled for its env alone (up to :data:`OWN_COPIES_UP_TO`
-    bytes; beyond, as they are: the envs share what their factories captured).
-    ``rebuilds``: keep ``data`` so that each later call unpickles a fresh copy (else it
-    calls the env's own again).
+    """The factories pickled together by :func:`dumps` (a dict keyed by env id; what
+    several capture travels once), each an :class:`OwnCopies` of its env alone (up to
+    :data:`OWN_COPIES_UP_TO` bytes; beyond, as unpickled: the envs share what their
+    factories captured). ``rebuilds``: each later call unpickles a fresh copy.
 
     Raises what unpickling raises, at once (a worker's start-up error)."""
-    first: dict[int, Callable[[], Any]] = loads(data)
+    factories: dict[int, Callable[[], Any]] = loads(data)
     if len(data) > OWN_COPIES_UP_TO:
-        return first
-    kept = data if rebuilds else None
-    return {
-        key: OwnCopies(first[key] if index == 0 else loads(data)[key], kept, key)
-        for index, key in enumerate(first)
-    }
+        return factories
+    pickled: dict[int, bytes] = {}  # id(factory) -> its bytes: one factory, pickled once
+    owned: dict[int, Callable[[], Any]] = {}
+    for key, factory in factories.items():
+        try:
+            blob = pickled.get(id(factory)) or pickled.setdefault(id(factory), dumps(factory))
+        except Exception:  # (it arrived pickled: never seen) shared, rather than lost
+            owned[key] = factory
+            continue
+        owned[key] = OwnCopies(blob, rebuilds)
+    return owned
 
 
 #: Types whose values nobody can change: never copied (see :func:`own_copy`).
