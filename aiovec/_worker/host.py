@@ -681,8 +681,7 @@ class EnvHost(HostState):
         timeout): the env rebuilt and reset again with the same seed and options
         (restart policy), or ``exc`` reported."""
         env_id, seed = command.env_ids[0], command.seeds[0]
-        options = self.own_copy(command.options[0] if command.per_env_options else command.options)
-        again = partial(self._fresh_reset_flow, env_id, seed, options)
+        again = partial(self._fresh_reset_flow, env_id, seed, self._reset_options(command, 0))
         try:
             info = await self._drive_async(env_id, self._recover_flow(env_id, exc, again))
         except env_errors() as final:
@@ -736,8 +735,7 @@ class EnvHost(HostState):
         command but a step)."""
         env_id = command.env_ids[position]
         if isinstance(command, Reset):
-            options = command.options[position] if command.per_env_options else command.options
-            options = self.own_copy(options)
+            options = self._reset_options(command, position)
             return "reset", self._reset_flow(env_id, command.seeds[position], options)
         if isinstance(command, Call):
             return command.name, _single(_call_request(command, self.own_copy))
@@ -746,6 +744,11 @@ class EnvHost(HostState):
             request = methodcaller("set_wrapper_attr", command.name, value)
             return f"set_attr {command.name}", _single(request)
         raise TypeError(f"unexpected command {command!r}")
+
+    def _reset_options(self, command: Reset, position: int) -> Any:
+        """The options of ``command`` for its env at ``position`` (that env's own copy)."""
+        options = command.options[position] if command.per_env_options else command.options
+        return self.own_copy(options)
 
     def notify_restart(self, reason: str, env_ids: list[int] | None = None) -> None:
         """The next step of each of ``env_ids`` (default: all) reports a restart: their
