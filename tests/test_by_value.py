@@ -51,8 +51,7 @@ def test_code_keeps_its_file_and_cell_lines():
 
 def test_each_key_unpickles_its_own_copy_of_factories_sent_once():
     """Factories pickled together (one for several envs, or several capturing one
-    array) carry the array once, yet every env, and with ``rebuilds`` every later build,
-    owns what its factory captured."""
+    array) carry the array once, yet every env owns what its factory captured."""
     from functools import partial
 
     data = np.zeros(100_000)  # 800 kB
@@ -62,21 +61,21 @@ def test_each_key_unpickles_its_own_copy_of_factories_sent_once():
     assert len(same) < alone + 1_000 and len(distinct) < alone + 1_000  # 800 kB once
     for blob in (same, distinct):
         factories = by_value.loads_each(blob)
-        first, second, again = factories[0](), factories[1](), factories[0]()
-        assert first["data"] is not second["data"] and again["data"] is not first["data"]
+        first, second = factories[0](), factories[1]()
+        assert first["data"] is not second["data"]
         first["data"] += 1
-        assert second["data"].max() == 0 and again["data"].max() == 0
-    kept = by_value.loads_each(same, rebuilds=False)  # no restarts: no bytes kept
-    assert kept[0]()["data"] is kept[0]()["data"]
+        assert second["data"].max() == 0
     assert data.max() == 0
 
 
-def test_factories_capturing_large_data_are_unpickled_once(monkeypatch):
-    """Beyond OWN_COPIES_UP_TO bytes, a worker's envs share what their factories
-    captured (a dataset is not copied once per env)."""
+def test_factories_whose_copies_would_be_large_data_are_shared(monkeypatch):
+    """Beyond OWN_COPIES_UP_TO bytes of copies (per-env copies of a captured dataset),
+    a worker's envs share what their factories captured, as a fork shares it."""
     from functools import partial
 
-    monkeypatch.setattr(by_value, "OWN_COPIES_UP_TO", 1_000)
-    data = np.zeros(1_000)  # 8 kB
-    factories = by_value.loads_each(by_value.dumps(dict.fromkeys(range(2), partial(dict, x=data))))
-    assert factories[0]()["x"] is factories[1]()["x"]
+    monkeypatch.setattr(by_value, "OWN_COPIES_UP_TO", 100_000)
+    data = np.zeros(4_000)  # 32 kB: 4 copies stay within, 8 do not
+    for count, shared in ((3, False), (8, True)):
+        blob = by_value.dumps({key: partial(dict, x=data) for key in range(count)})
+        factories = by_value.loads_each(blob)
+        assert (factories[0]()["x"] is factories[1]()["x"]) is shared

@@ -1034,9 +1034,9 @@ def test_envs_built_by_make_own_their_keyword_arguments():
         assert _goals_after_two_steps(venv) == [2.0] * 4
 
 
-def test_a_rebuilt_env_gets_a_fresh_copy_of_what_its_factory_captured():
-    """A restart builds the env again from its factory as first sent, not from the
-    values its failed predecessor changed in place."""
+def test_a_rebuilt_env_is_built_from_its_own_copy_of_the_factory():
+    """A restart rebuilds an env from that env's own copy of its factory: what another
+    env of the worker changed in place is not in it."""
     import aiovec
     from tests.faulty import FaultyEnv
 
@@ -1049,13 +1049,14 @@ def test_a_rebuilt_env_gets_a_fresh_copy_of_what_its_factory_captured():
 
     with aiovec.VecEnv([build] * 2, num_workers=1, on_failure="restart") as venv:
         venv.reset(seed=0)
-        venv.apply(lambda env: env.start.__iadd__(7))
-        assert venv.get_attr("start")[0].tolist() == [7.0, 7.0]
+        venv.apply(lambda env: env.start.__iadd__(7), env_ids=[0])
+        assert [value.tolist() for value in venv.get_attr("start")] == [[7.0, 7.0], [0.0, 0.0]]
         venv.step([0, 0])
         venv.step([0, 0])
         *_, infos = venv.step([0, 0])  # both fail on their third step, and are rebuilt
         assert infos["_restarted"].all()
-        assert [value.tolist() for value in venv.get_attr("start")] == [[0.0, 0.0]] * 2
+        assert [value.tolist() for value in venv.get_attr("start")] == [[7.0, 7.0], [0.0, 0.0]]
+    assert start.tolist() == [0.0, 0.0]
 
 
 @pytest.mark.parametrize("backend", ["inline", "process"])

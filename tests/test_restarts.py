@@ -444,3 +444,30 @@ def test_disabled_autoreset_a_reset_that_raised_leaves_its_env_needing_one(tmp_p
             venv.step([0, 0])
         venv.reset(options=[None, {"fail": True}])  # fails no more
         venv.step([0, 0])
+
+
+def test_a_rebuild_keeps_the_class_state_of_a_class_sent_by_value():
+    """An env class sent by value (a script's, a notebook's: here a local class) keeps
+    its class attributes across a restart: a rebuild must not unpickle the class again
+    (cloudpickle would reset the one class every env of the worker uses)."""
+
+    class Counted(CounterEnv):
+        built = 0
+
+        def __init__(self) -> None:
+            super().__init__(0)
+            type(self).built += 1
+            self.fail_now = False
+
+        def step(self, action):
+            if self.fail_now:
+                raise RuntimeError("simulator diverged")
+            return super().step(action)
+
+    with aiovec.VecEnv([Counted] * 4, num_workers=1, on_failure="restart") as venv:
+        venv.reset(seed=0)
+        assert venv.get_attr("built") == (4, 4, 4, 4)
+        venv.apply(lambda env: setattr(env, "fail_now", True), env_ids=[0])
+        *_, infos = venv.step([0] * 4)
+        assert infos["_restarted"].tolist() == [True, False, False, False]
+        assert venv.get_attr("built") == (5, 5, 5, 5)

@@ -75,55 +75,40 @@ def loads(data: bytes) -> Any:
     return value
 
 
-class OwnCopies:
-    """An env factory that is one env's alone: unpickled from its own bytes for that
-    env, so no two envs share what their factories captured, as no two envs of
-    ``AsyncVectorEnv`` do (each unpickles its own). With ``rebuilds``, each call after
-    the first (a restart's rebuild) unpickles anew: the rebuilt env starts from the
-    factory as sent, not from what its predecessor changed in place."""
-
-    __slots__ = ("_factory", "_pickled", "_used")
-
-    def __init__(self, pickled: bytes, rebuilds: bool) -> None:
-        self._factory: Callable[[], Any] = loads(pickled)
-        self._pickled = pickled if rebuilds else None
-        self._used = False
-
-    def __call__(self) -> Any:
-        if self._used and self._pickled is not None:  # a rebuild: from the factory as sent
-            self._factory = loads(self._pickled)
-        self._used = True
-        return self._factory()
-
-    def __repr__(self) -> str:
-        return repr(self._factory)
+#: Bytes that the envs' own copies of a worker's factories may add up to (one pickle
+#: per env): beyond, what the factories capture is large data (a dataset, a map) and is
+#: unpickled once and shared by the worker's envs, as a fork shares it copy-on-write,
+#: rather than copied per env.
+OWN_COPIES_UP_TO = 64 * 2**20
 
 
-#: Bytes of pickled factories (a worker's) up to which each env gets its own copy of
-#: what they capture: beyond, that is large data (a dataset, a map), unpickled once and
-#: shared by the worker's envs, as a fork shares it copy-on-write, not copied per env.
-OWN_COPIES_UP_TO = 8 * 2**20
-
-
-def loads_each(data: bytes, *, rebuilds: bool = True) -> dict[int, Callable[[], Any]]:
+def loads_each(data: bytes) -> dict[int, Callable[[], Any]]:
     """The factories pickled together by :func:`dumps` (a dict keyed by env id; what
-    several capture travels once), each an :class:`OwnCopies` of its env alone (up to
-    :data:`OWN_COPIES_UP_TO` bytes; beyond, as unpickled: the envs share what their
-    factories captured). ``rebuilds``: each later call unpickles a fresh copy.
+    several capture travels once), each env's its own copy, so that no two envs share
+    what their factories captured, as no two envs of ``AsyncVectorEnv`` do (each
+    unpickles its own): each distinct factory is pickled again here, once, and unpickled
+    once per env. A restart rebuilds an env from its own copy (unpickling again would
+    reset the class attributes of classes sent by value, which the other envs share).
+    Within :data:`OWN_COPIES_UP_TO` bytes of copies; beyond, the factories as unpickled
+    (shared). A factory that cannot be pickled again is shared too.
 
     Raises what unpickling raises, at once (a worker's start-up error)."""
     factories: dict[int, Callable[[], Any]] = loads(data)
-    if len(data) > OWN_COPIES_UP_TO:
-        return factories
-    pickled: dict[int, bytes] = {}  # id(factory) -> its bytes: one factory, pickled once
+    pickled: dict[int, bytes | None] = {}  # id(factory) -> its bytes: pickled once
+    copies = 0  # bytes the envs' copies add up to
+    for factory in factories.values():
+        if id(factory) not in pickled:
+            try:
+                pickled[id(factory)] = dumps(factory)
+            except Exception:  # (it arrived pickled: never seen) shared, rather than lost
+                pickled[id(factory)] = None
+        copies += len(pickled[id(factory)] or b"")
+        if copies > OWN_COPIES_UP_TO:  # large data: shared, not copied per env
+            return factories
     owned: dict[int, Callable[[], Any]] = {}
     for key, factory in factories.items():
-        try:
-            blob = pickled.get(id(factory)) or pickled.setdefault(id(factory), dumps(factory))
-        except Exception:  # (it arrived pickled: never seen) shared, rather than lost
-            owned[key] = factory
-            continue
-        owned[key] = OwnCopies(blob, rebuilds)
+        blob = pickled[id(factory)]
+        owned[key] = factory if blob is None else loads(blob)
     return owned
 
 

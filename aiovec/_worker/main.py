@@ -158,10 +158,7 @@ def worker_main(
             # Inherited as they are (a fork: what they capture, shared memory included,
             # stays shared, as fork gives it) or pickled (the zygote, spawn: each env
             # unpickles its own copy of what its factory captured).
-            if isinstance(factories, dict):
-                env_fns = factories
-            else:
-                env_fns = by_value.loads_each(factories, rebuilds=max_restarts > 0)
+            env_fns = factories if isinstance(factories, dict) else by_value.loads_each(factories)
             host, descriptions = build_host(
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
             )

@@ -87,7 +87,7 @@ class EnvActor:
     ) -> None:
         mark_worker_process()
         install(registrations)  # before the factories, which may name those ids
-        env_fns = by_value.loads_each(factories, rebuilds=max_restarts > 0)
+        env_fns = by_value.loads_each(factories)
         try:
             self.host, self._descriptions = build_host(
                 env_fns, AutoresetMode(autoreset_mode), max_restarts, envs_per_block
