@@ -55,6 +55,7 @@ from aiovec._worker.host import (
     env_errors,
     error_info,
     failure_reason,
+    restarted_info,
 )
 from aiovec._worker.registrations import shown
 
@@ -131,7 +132,7 @@ def _restarted_infos(info: Any, size: int, reason: str) -> list[dict[str, Any]]:
     """A rebuilt block's per-row infos (from its reset's batched ``info``), each saying
     that its row restarted and why."""
     row_infos = split_infos(info, size) or [{}] * size
-    return [{**row_info, "restarted": True, "restart_reason": reason} for row_info in row_infos]
+    return [restarted_info(row_info, reason) for row_info in row_infos]
 
 
 def _checked_block(block: Any, envs_per_block: int) -> VectorEnv:

@@ -263,6 +263,11 @@ def step_values_error(reward: Any, terminated: Any, truncated: Any, cause: Excep
     )
 
 
+def restarted_info(info: dict[str, Any], reason: str) -> dict[str, Any]:
+    """``info`` of a rebuilt env's first result, saying it was restarted and why."""
+    return {**info, "restarted": True, "restart_reason": reason}
+
+
 def build_envs(env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, gym.Env]:
     """Call each factory; on the first failure close what was built and raise EnvBuildError."""
     envs: dict[int, gym.Env] = {}
@@ -799,7 +804,7 @@ class EnvHost(HostState):
         self._restart_notices.pop(env_id, None)
         if restart_reason is None:
             return info
-        return {**info, "restarted": True, "restart_reason": restart_reason}
+        return restarted_info(info, restart_reason)
 
     def _recover_flow(
         self, env_id: int, exc: BaseException, answer: Callable[[str], Flow] | None = None
@@ -852,7 +857,7 @@ class EnvHost(HostState):
         # NEXT_STEP treats the truncation like any other: the next step resets again.
         self._needs_reset[env_id] = self._next_step
         self._restart_notices.pop(env_id, None)  # answered (kept while the reset fails)
-        return {**info, "restarted": True, "restart_reason": reason}
+        return restarted_info(info, reason)
 
     def _unplain_step_flow(self, env_id: int) -> Flow:
         """A step that is no ``env.step``: the restart notice of a rebuilt env, or the
