@@ -2,7 +2,9 @@
 
 Same rules as ``gymnasium.vector.VectorEnv._add_info`` (so results match
 ``SyncVectorEnv`` exactly), but for a batch of any size: in a first-ready batch,
-position ``i`` belongs to the ``i``-th env id of the batch.
+position ``i`` belongs to the ``i``-th env id of the batch. Objects in the arrays are
+copies, as ``AsyncVectorEnv``'s are (unpickled): an env changing its own later leaves
+the infos returned as they were.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from aiovec._transport.by_value import own_copy
 
 
 def add_info(
@@ -21,7 +25,7 @@ def add_info(
             array = batch_infos.get(key)
             if array is None:
                 array = np.full(size, fill_value=None, dtype=object)
-            array[position] = value
+            array[position] = own_copy(value)
         elif isinstance(value, dict):
             array = add_info(batch_infos.get(key, {}), value, position, size)
         else:
@@ -33,7 +37,9 @@ def add_info(
                     array = np.zeros((size, *value.shape), dtype=value.dtype)
                 else:
                     array = np.full(size, fill_value=None, dtype=object)
-            array[position] = value
+            # An object (a list, say) is the caller's copy, never the env's own, which
+            # the env may change later (numbers and arrays are copied into the arrays).
+            array[position] = own_copy(value) if array.dtype == object else value
 
         mask = batch_infos.get(f"_{key}")
         if mask is None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from aiovec._checks import check_seconds
 from aiovec._stats import StatsRecorder
+from aiovec._transport.by_value import own_copy
 from aiovec._transport.protocol import EnvCommand, Reply, Reset, Step
 from aiovec.backends._base import Backend, WorkerEvent, WorkerExit, WorkerGone
 from aiovec.errors import (
@@ -163,6 +164,8 @@ class Scheduler:
         #: Where time goes (see :meth:`aiovec.VecEnv.stats`).
         self.stats = StatsRecorder()
         self._local_workers = backend.local_workers
+        # Workers in this process whose calls' results reach the caller as copies.
+        self._copied_workers = backend.local_workers if backend.copies_local_results else ()
         #: Set while the synchronous API drives a coroutine: waits block instead of awaiting.
         self.blocking = False
         #: Set by :meth:`close`: every waiter, present and future, raises ClosedError.
@@ -232,16 +235,16 @@ class Scheduler:
             self.dispatch(self.backend.poll())
             self.check_alive(env_ids)
             prepared = self._prepare(env_ids, make_command)
-        self.stats.commands += len(prepared)
         for worker, group, rows, command, payload in prepared:
+            self.backend.submit(worker, payload)  # first: the rest overlaps the envs' work
             ticket = Ticket(worker, group, rows, is_step, command, now)
-            self.backend.submit(worker, payload)
             self._tickets[command.seq] = ticket
             self.num_busy += len(group)
             if is_step:  # resets and calls queue behind steps in the worker: no state
                 self._mark(rows, BUSY)
                 self.num_stepping += len(group)
             tickets.append(ticket)
+        self.stats.commands += len(prepared)
         if self._parked:  # e.g. an inline backend: the results are already waiting
             self._wake_parked()
         return tickets
@@ -615,6 +618,8 @@ class Scheduler:
                 continue
             if not message.env_ids:  # sent compact: the command's whole group
                 message.env_ids = ticket.env_ids
+            if message.values is not None and worker in self._copied_workers:
+                message.values = [own_copy(value) for value in message.values]
             if timed:
                 for env_id in message.env_ids:
                     self._env_answered_at[env_id] = now
@@ -706,17 +711,28 @@ class Scheduler:
         self, ticket: Ticket, env_ids: list[int], reply: Reply | None, failure: Exception | None
     ) -> None:
         """Step results for ``env_ids`` (all or part of ``ticket``) go to the ready-queue."""
+        # This runs on each result's latency: what has nothing to do is skipped (the usual
+        # result has no info or error to keep).
         if reply is not None:
             self._record(ticket, reply)
-        self._store_results(env_ids, reply, failure, ticket.errors)
-        self.num_busy -= len(env_ids)
-        self.num_stepping -= len(env_ids)
+        if (
+            failure is not None
+            or ticket.errors
+            or self.infos
+            or (reply is not None and reply.infos is not None)
+        ):
+            self._store_results(env_ids, reply, failure, ticket.errors)
+        count = len(env_ids)
+        self.num_busy -= count
+        self.num_stepping -= count
         stats = self.stats
-        stats.env_steps += len(env_ids)
-        stats.record_latency(time.monotonic() - ticket.sent_at, len(env_ids))
-        # The whole ticket at once (the same env ids): its rows, a slice when contiguous.
-        whole = env_ids is ticket.env_ids or len(env_ids) == len(ticket.env_ids)
-        self._mark(ticket.rows if whole else env_ids, READY)
+        stats.env_steps += count
+        stats.record_latency(time.monotonic() - ticket.sent_at, count)
+        if count == 1:  # first-ready one env at a time
+            self.state[env_ids[0]] = READY
+        else:  # the whole ticket at once (the same env ids): its rows, a slice if contiguous
+            whole = env_ids is ticket.env_ids or count == len(ticket.env_ids)
+            self._mark(ticket.rows if whole else env_ids, READY)
         self.ready_queue.extend(env_ids)
 
     def _store_results(

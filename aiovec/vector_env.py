@@ -378,6 +378,7 @@ class VecEnv(SplitCalls, VectorEnv):
             max_restarts=plan.max_restarts,
             envs_per_block=self.envs_per_block,
             step_timeout=step_timeout,
+            isolated=requested_backend == "auto",
         )
 
         def build(backend: str, num_workers: int | None, inline_envs: int) -> Backend:

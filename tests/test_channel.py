@@ -237,3 +237,38 @@ def test_the_descriptor_limit_is_explained_whichever_descriptor_meets_it():
     assert result.returncode == 0, result.stderr
     assert "errno 24" in result.stdout and "ulimit -n" in result.stdout, result.stdout
     assert "other FileNotFoundError" in result.stdout
+
+
+def test_receive_ready_returns_whole_frames_however_the_bytes_arrive():
+    """Frames split across reads, several in one read, a frame larger than one read:
+    each comes back whole, once, in order, and the end of the stream is noticed."""
+    left, right = socket.socketpair()
+    receiver = Channel(right)
+    frames = [b"a" * 10, b"", b"b" * 3, b"c" * 200_000, b"d"]
+    wire = b"".join(len(frame).to_bytes(4, "little") + frame for frame in frames)
+    received: list[bytes] = []
+    # pieces cut across headers and bodies: 0..3 bytes of a header, then the rest
+    for start, end in [(0, 2), (2, 9), (9, 40), (40, len(wire) - 1), (len(wire) - 1, None)]:
+        left.sendall(wire[start:end])
+        deadline = time.monotonic() + 10
+        expected = sum(1 for _ in _whole_frames(wire[: end or len(wire)]))
+        while len(received) < expected and time.monotonic() < deadline:
+            received += receiver.receive_ready()
+        assert receiver.receive_ready() == []
+    assert received == frames
+    left.close()
+    deadline = time.monotonic() + 10
+    while not receiver.eof and time.monotonic() < deadline:
+        assert receiver.receive_ready() == []
+    assert receiver.eof
+    right.close()
+
+
+def _whole_frames(data: bytes):
+    start = 0
+    while len(data) - start >= 4:
+        end = start + 4 + int.from_bytes(data[start : start + 4], "little")
+        if end > len(data):
+            return
+        yield data[start + 4 : end]
+        start = end

@@ -88,7 +88,7 @@ async def test_a_spinning_wait_gives_the_loop_turns_and_ends_when_woken():
         await asyncio.wait_for(wakeup.wait(asyncio.get_running_loop(), None, 60.0, poll), 30)
     finally:
         other.cancel()
-    assert turns >= 20 and len(polls) >= 19
+    assert turns >= 20 and len(polls) >= 18  # a slice between two turns of the other task
     assert max(polls) <= SPIN_SLICE
 
 

@@ -196,34 +196,53 @@ class Channel:
 
     def receive_ready(self) -> list[bytes]:
         """Every complete frame that has arrived, without blocking (sets :attr:`eof`)."""
+        if not self._pending and not self.eof:
+            # The usual case: nothing read ahead, and one read holds whole frames: cut
+            # them from what was read, without the buffer (a result's latency).
+            chunk = self._read_chunk()
+            if len(chunk) < _CHUNK:  # all the socket held (or nothing)
+                return self._cut_frames(chunk)
+            self._pending += chunk
         self._read_available()
-        pending = self._pending
+        return self._cut_frames(self._pending)
+
+    def _cut_frames(self, pending: bytes | bytearray) -> list[bytes]:
+        """The whole frames at the start of ``pending``; what follows them (part of a
+        frame) stays in the buffer."""
         available, start, frames = len(pending), 0, []
-        while available - start >= HEADER.size:  # each frame cut out once, then one del
+        while available - start >= HEADER.size:  # each frame cut out once
             (size,) = HEADER.unpack_from(pending, start)
             end = start + HEADER.size + size
             if end > available:
                 break
             frames.append(bytes(pending[start + HEADER.size : end]))
             start = end
-        if start:
-            del pending[:start]
+        if pending is self._pending:
+            if start:
+                del pending[:start]
+        elif start < available:
+            self._pending += pending[start:]
         return frames
+
+    def _read_chunk(self) -> bytes:
+        """What the socket holds now, up to a chunk, without blocking (``b""``: nothing,
+        or the end: then :attr:`eof` is set)."""
+        try:
+            chunk = self.sock.recv(_CHUNK, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return b""
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.eof = True
+        return chunk
 
     def _read_available(self) -> None:
         """Move what the socket holds into the buffer, without blocking."""
         while not self.eof:
-            try:
-                chunk = self.sock.recv(_CHUNK, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.eof = True
-                break
+            chunk = self._read_chunk()
             self._pending += chunk
-            if len(chunk) < _CHUNK:
+            if len(chunk) < _CHUNK:  # all the socket held, nothing, or the end
                 break
 
     def _next_frame(self) -> bytes | None:

@@ -325,8 +325,9 @@ class HostState:
         self.observations_in_replies = self._observations is not None
         #: Each env gets its own copy of the values a command gives it (reset options,
         #: call arguments, set_attr values), as each env of AsyncVectorEnv unpickles its
-        #: own: set in worker processes and actors. In this process (inline, coroutine)
-        #: envs get the caller's objects, as in SyncVectorEnv.
+        #: own: set in worker processes and actors, and for envs in this process that are
+        #: isolated (see aiovec.backends._base.build_local_host); otherwise envs in this
+        #: process get the caller's objects, as in SyncVectorEnv.
         self.copies_values = False
 
     def own_copy(self, value: Any) -> Any:

@@ -32,6 +32,10 @@ class Hosting:
     envs_per_block: int | None = None
     #: Seconds an env may take to answer a command (the backends that enforce it).
     step_timeout: float | None = None
+    #: Envs in this process are as isolated as in workers (see
+    #: :class:`~aiovec.backends._base.LocalBackend`): ``backend="auto"`` chose where they
+    #: run, so they behave as ``AsyncVectorEnv``'s wherever that is.
+    isolated: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,11 @@ def _inline(hosting: Hosting, options: InlineOptions) -> Backend:
     from aiovec.backends.inline import InlineBackend
 
     return InlineBackend(
-        hosting.env_fns, hosting.autoreset_mode, hosting.max_restarts, hosting.envs_per_block
+        hosting.env_fns,
+        hosting.autoreset_mode,
+        hosting.max_restarts,
+        hosting.envs_per_block,
+        isolated=hosting.isolated,
     )
 
 
@@ -86,6 +94,7 @@ def _coroutine(hosting: Hosting, options: CoroutineOptions) -> Backend:
         hosting.max_restarts,
         step_timeout=hosting.step_timeout,
         envs_per_block=hosting.envs_per_block,
+        isolated=hosting.isolated,
     )
 
 

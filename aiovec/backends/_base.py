@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 from aiovec._transport import by_value
 from aiovec._transport.buffers import Buffers, build_buffers
 from aiovec._transport.protocol import EnvCommand, Reply
-from aiovec._worker.blocks import build_host
+from aiovec._worker.blocks import BlockHost, build_host
 from aiovec._worker.host import EnvBuildError, EnvDescription, EnvHost
 from aiovec.async_env import AsyncEnv
 from aiovec.errors import FactoryPicklingError
@@ -130,8 +130,14 @@ class Wakeup:
         deadline = clock() + seconds
         try:
             while True:
-                found = poll(min(SPIN_SLICE, max(0.0, deadline - clock())))
-                await asyncio.sleep(0)  # the other tasks' turn, found or not
+                # The other tasks' turn comes before each slice, not after it: a message
+                # found by the slice then returns at once, its latency free of the turn
+                # (a loop turn costs ~5 µs, on the path of every first-ready result).
+                await asyncio.sleep(0)
+                if self._spin_woken or self._nudged:  # e.g. by a reader callback just now
+                    found = False
+                else:
+                    found = poll(min(SPIN_SLICE, max(0.0, deadline - clock())))
                 if found or self._spin_woken or self._nudged:
                     self._nudged = False  # served: the caller looks again
                     if self._spin_woken:  # the loop's lag since the wake-up
@@ -189,6 +195,9 @@ class Backend(abc.ABC):
     #: A :class:`WorkerExit`'s ``running`` names every env the worker was inside a call
     #: of (an empty tuple: none); otherwise it may leave some or all of them out.
     marks_running: bool = False
+    #: What calls return from envs in this process (:attr:`local_workers`) reaches the
+    #: caller as copies, as values unpickled from a worker do (never an env's own object).
+    copies_local_results: bool = False
     descriptions: list[EnvDescription]
     buffers: Buffers
 
@@ -311,6 +320,37 @@ def split_groups(num_units: int, num_workers: int, unit_size: int = 1) -> list[l
     ]
 
 
+def build_local_host(
+    factories: dict[int, Callable[[], Any]],
+    autoreset_mode: AutoresetMode,
+    max_restarts: int,
+    envs_per_block: int | None,
+    async_blocks: bool = False,
+    isolated: bool = False,
+) -> tuple[EnvHost | BlockHost, list[EnvDescription]]:
+    """A host of ``factories``' envs in this process; raises an env's build error.
+
+    ``isolated``: as in a worker process, each env is built from its own copy of its
+    factory (what the factory captured included; the factories as given when they
+    cannot be pickled) and gets its own copy of the values commands give it (see
+    :attr:`~aiovec._worker.host.HostState.copies_values`); the backend then hands the
+    caller copies of what calls return (:attr:`Backend.copies_local_results`).
+    """
+    if isolated:
+        try:
+            factories = by_value.loads_each(by_value.dumps(factories))
+        except Exception:  # cannot travel: shared, as they would be by the in-process
+            pass  # backends (a worker could not take them at all)
+    try:
+        host, descriptions = build_host(
+            factories, autoreset_mode, max_restarts, envs_per_block, async_blocks
+        )
+    except EnvBuildError as exc:
+        raise exc.info.to_exception() from None
+    host.copies_values = isolated
+    return host, descriptions
+
+
 def group_factories(
     env_fns: Sequence[Callable[[], Any]], group: list[int], unit_size: int = 1
 ) -> dict[int, Callable[[], Any]]:
@@ -341,7 +381,12 @@ def pickle_factories(
 
 
 class LocalBackend(Backend):
-    """Base of the backends whose envs live in this process, in one host."""
+    """Base of the backends whose envs live in this process, in one host.
+
+    ``isolated``: the envs are as isolated as in worker processes (see
+    :func:`build_local_host`); otherwise they get the caller's objects, as in
+    ``SyncVectorEnv``.
+    """
 
     def __init__(
         self,
@@ -350,15 +395,14 @@ class LocalBackend(Backend):
         max_restarts: int = 0,
         envs_per_block: int | None = None,
         async_blocks: bool = False,
+        isolated: bool = False,
     ) -> None:
         size = envs_per_block or 1  # rows per factory (None: single envs)
         factories = group_factories(env_fns, list(range(len(env_fns) * size)), size)
-        try:
-            self._host, self.descriptions = build_host(
-                factories, autoreset_mode, max_restarts, envs_per_block, async_blocks
-            )
-        except EnvBuildError as exc:
-            raise exc.info.to_exception() from None
+        self._host, self.descriptions = build_local_host(
+            factories, autoreset_mode, max_restarts, envs_per_block, async_blocks, isolated
+        )
+        self.copies_local_results = isolated
         if not async_blocks:  # only the coroutine backend awaits what its envs return
             refuse_async_envs(self._host, "backend='inline'")
 

@@ -44,8 +44,16 @@ class CoroutineBackend(LocalBackend):
         max_restarts: int = 0,
         step_timeout: float | None = None,
         envs_per_block: int | None = None,
+        isolated: bool = False,
     ) -> None:
-        super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block, async_blocks=True)
+        super().__init__(
+            env_fns,
+            autoreset_mode,
+            max_restarts,
+            envs_per_block,
+            async_blocks=True,
+            isolated=isolated,
+        )
         if step_timeout is not None:
             _refuse_blocking_envs(self._host)
         self.groups = [self._host.group]

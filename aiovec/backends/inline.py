@@ -28,8 +28,9 @@ class InlineBackend(LocalBackend):
         autoreset_mode: AutoresetMode,
         max_restarts: int = 0,
         envs_per_block: int | None = None,
+        isolated: bool = False,
     ) -> None:
-        super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block)
+        super().__init__(env_fns, autoreset_mode, max_restarts, envs_per_block, isolated=isolated)
         self.groups = [self._host.group]
         self._outbox: list[WorkerEvent] = []
 

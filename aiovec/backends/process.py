@@ -50,8 +50,8 @@ from aiovec._transport.protocol import (
 )
 from aiovec._transport.spin import SpinPolicy
 from aiovec._worker import zygote
-from aiovec._worker.blocks import BlockHost, build_host
-from aiovec._worker.host import EnvBuildError, EnvDescription, EnvHost
+from aiovec._worker.blocks import BlockHost
+from aiovec._worker.host import EnvDescription, EnvHost
 from aiovec._worker.main import worker_main
 from aiovec.backends._base import (
     Backend,
@@ -59,6 +59,7 @@ from aiovec.backends._base import (
     WorkerEvent,
     WorkerExit,
     WorkerGone,
+    build_local_host,
     group_factories,
     pickle_factories,
     refuse_async_envs,
@@ -264,12 +265,11 @@ class ProcessBackend(Backend):
             local_descriptions: list[EnvDescription] = []
             if inline_envs:  # built while the workers build theirs
                 local_fns = group_factories(env_fns, self.groups[-1], size)
-                try:
-                    local_host, local_descriptions = build_host(
-                        local_fns, autoreset_mode, max_restarts, envs_per_block
-                    )
-                except EnvBuildError as exc:
-                    raise exc.info.to_exception() from None
+                # As isolated as the workers' envs: one vector env, one behaviour.
+                local_host, local_descriptions = build_local_host(
+                    local_fns, autoreset_mode, max_restarts, envs_per_block, isolated=True
+                )
+                self.copies_local_results = True
                 refuse_async_envs(local_host, "inline_envs (envs in this process)")
                 self._local = local_host
                 self.groups[-1] = self._local.group  # the host's own list (see compact_step)
