@@ -60,10 +60,13 @@ class Probe(NamedTuple):
         return thread_clock.mostly_waits(self.cpu_share, self.blocks_per_step)
 
 
-def probe_step_time(env_fn: Callable[[], gym.Env]) -> Probe:
+def probe_step_time(
+    env_fn: Callable[[], gym.Env], on_built: Callable[[], None] = lambda: None
+) -> Probe:
     """Step one env built by ``env_fn`` for about :data:`PROBE_SECONDS` and say how it
-    spends its time (see :class:`Probe`)."""
+    spends its time (see :class:`Probe`); ``on_built()`` once the env is built."""
     env = env_fn()
+    on_built()
     asynchronous = isinstance(env, AsyncEnv) or (
         isinstance(env, VectorEnv) and inspect.iscoroutinefunction(env.step)
     )
@@ -110,7 +113,10 @@ def backend_for_async_envs(num_envs: int) -> dict[str, Any]:
 
 
 def choose_backend(
-    env_fn: Callable[[], gym.Env], num_envs: int, isolate: bool = False
+    env_fn: Callable[[], gym.Env],
+    num_envs: int,
+    isolate: bool = False,
+    limits: ProbeLimits | None = None,
 ) -> dict[str, Any]:
     """``VecEnv`` options (``backend``, ``num_workers``) suited to ``num_envs`` such envs.
 
@@ -118,11 +124,12 @@ def choose_backend(
     while probed cannot take the agent with it. With ``isolate`` (restarts or step
     timeouts asked for), no env is placed in the agent's process. Falls back to the
     process backend when the probe fails, so that the real construction reports the
-    error with the env's index.
+    error with the env's index. ``limits``: how long the probe may build and step the
+    env (the caller's ``startup_timeout`` and ``step_timeout``).
     """
     cores = os.cpu_count() or 1
     try:
-        probe = _probe(env_fn)
+        probe = _probe(env_fn, limits)
     except _AsyncEnvFound:
         return backend_for_async_envs(num_envs)
     except Exception:
@@ -160,6 +167,7 @@ def choose_block_layout(
     num_envs: int,
     isolate: bool = False,
     envs_per_block: int | None = None,
+    limits: ProbeLimits | None = None,
 ) -> dict[str, Any]:
     """``VecEnv`` options (``backend``, ``num_workers``, ``inline_envs``) and
     ``envs_per_block`` for ``num_envs`` rows of batched envs; ``block_fn_of(k)`` is a
@@ -180,22 +188,27 @@ def choose_block_layout(
     cores = os.cpu_count() or 1
     blocks = max(d for d in range(1, min(cores, num_envs) + 1) if num_envs % d == 0)
     size = num_envs // blocks
+    failed = False
     try:
-        _probe(block_fn_of(envs_per_block or size))
+        _probe(block_fn_of(envs_per_block or size), limits)
     except _AsyncEnvFound:
         return {"backend": "coroutine", "envs_per_block": envs_per_block or num_envs}
     except Exception:  # the real construction reports the error, with the env's index
-        pass
+        failed = True  # (and no more probes: one that hangs would hang each time)
     if envs_per_block is not None:
         local = envs_per_block == num_envs and not isolate
         return {"backend": "inline" if local else "process", "envs_per_block": envs_per_block}
     if blocks == 1:
         return {"backend": "process" if isolate else "inline", "envs_per_block": num_envs}
+    if failed:
+        return {"backend": "process", "num_workers": blocks, "envs_per_block": size}
     try:
         # The faster of two probes each: noise on a shared machine only ever slows one.
-        share_time = min(_probe(block_fn_of(size)).step_time for _ in range(2))
+        share_time = min(_probe(block_fn_of(size), limits).step_time for _ in range(2))
         whole_time = (
-            math.inf if isolate else min(_probe(block_fn_of(num_envs)).step_time for _ in range(2))
+            math.inf
+            if isolate
+            else min(_probe(block_fn_of(num_envs), limits).step_time for _ in range(2))
         )
     except Exception:  # the real construction reports the error, with the env's index
         return {"backend": "process", "num_workers": blocks, "envs_per_block": size}
@@ -214,15 +227,36 @@ def choose_block_layout(
     }
 
 
-#: Seconds a probe in a child process may take (building the env included).
+#: Seconds a probe in a child process may take to build the env, and then to step it.
 CHILD_PROBE_DEADLINE = 30.0
 
 
-def _probe(env_fn: Callable[[], gym.Env]) -> Probe:
+class ProbeLimits(NamedTuple):
+    """Seconds a probe may take to build its env, and then to step it: at most
+    :data:`CHILD_PROBE_DEADLINE` each, less when the vector env's own limits are
+    shorter (a probe never waits longer for an env than the vector env would)."""
+
+    build: float
+    run: float
+
+    @classmethod
+    def of(cls, startup_timeout: float | None, step_timeout: float | None) -> ProbeLimits:
+        """The limits under a vector env's ``startup_timeout`` and ``step_timeout``: a
+        build within the first; a reset and the probe's steps, each within the second."""
+        build, run = CHILD_PROBE_DEADLINE, CHILD_PROBE_DEADLINE
+        if startup_timeout is not None:
+            build = min(build, startup_timeout)
+        if step_timeout is not None:  # a reset and a step may take it, and the steps
+            run = min(run, 2 * step_timeout + PROBE_SECONDS + 1.0)
+        return cls(build, run)
+
+
+def _probe(env_fn: Callable[[], gym.Env], limits: ProbeLimits | None = None) -> Probe:
     """:func:`probe_step_time` in a child process forked by the zygote (in this
-    process where there is no zygote)."""
+    process where there is no zygote), within ``limits`` (``TimeoutError`` past them)."""
     if not _zygote.available():
         return probe_step_time(env_fn)
+    limits = limits or ProbeLimits.of(None, None)
     payload = cloudpickle.dumps(env_fn)  # a factory that cannot travel: the caller falls back
     parent, child = socket.socketpair()
     try:
@@ -230,8 +264,11 @@ def _probe(env_fn: Callable[[], gym.Env]) -> Probe:
     finally:
         child.close()
     try:
-        parent.settimeout(CHILD_PROBE_DEADLINE)
-        answer = b""
+        parent.settimeout(limits.build)
+        answer = parent.recv(1 << 16)  # first, the env is built: its marker
+        if answer[:1] == _BUILT:
+            parent.settimeout(limits.run)
+            answer = answer[1:]
         while chunk := parent.recv(1 << 16):
             answer += chunk
         kind, value = pickle.loads(answer)
@@ -247,9 +284,14 @@ def _probe(env_fn: Callable[[], gym.Env]) -> Probe:
     return Probe(*value)  # what probe_step_time returned in the child
 
 
+#: What a probe's child sends once its env is built (before the probe's result).
+_BUILT = b"B"
+
+
 def _probe_in_child(sock: socket.socket, payload: bytes) -> None:
     try:
-        result: tuple[str, Any] = ("ok", probe_step_time(cloudpickle.loads(payload)))
+        env_fn = cloudpickle.loads(payload)
+        result: tuple[str, Any] = ("ok", probe_step_time(env_fn, lambda: sock.sendall(_BUILT)))
     except _AsyncEnvFound:
         result = ("async", None)
     except Exception as exc:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from aiovec._auto import choose_backend, choose_block_layout
+from aiovec._auto import ProbeLimits, choose_backend, choose_block_layout
 from aiovec._checks import FOREVER, check_count, check_seconds, is_int
 from aiovec.backends import REGISTRY
 
@@ -99,6 +99,7 @@ def plan_backend(
     max_restarts: int,
     step_timeout: float | None,
     max_concurrency: int | None,
+    startup_timeout: float | None = None,
 ) -> BackendPlan:
     """Check the backend-related arguments and decide the backend and worker layout.
 
@@ -113,6 +114,7 @@ def plan_backend(
             ``step_timeout`` the backend cannot honour (the message names the fix).
     """
     isolate = on_failure == "restart" or step_timeout is not None
+    limits = ProbeLimits.of(startup_timeout, step_timeout)  # a probe waits no longer
     if max_concurrency is not None:
         _check_max_concurrency(max_concurrency, backend)
         if backend == "auto":
@@ -123,7 +125,7 @@ def plan_backend(
             concurrent_envs, inline_envs = False, 0
     if backend == "auto" and envs_per_block is not None:  # only the backend: blocks are given
         backend = choose_block_layout(
-            lambda size: env_fns[0], len(env_fns) * envs_per_block, isolate, envs_per_block
+            lambda size: env_fns[0], len(env_fns) * envs_per_block, isolate, envs_per_block, limits
         )["backend"]
     if envs_per_block is not None and step_timeout is not None and backend == "coroutine":
         raise ValueError(
@@ -131,7 +133,7 @@ def plan_backend(
             "backend='coroutine', the only backend that awaits them): leave it out"
         )
     if backend == "auto":
-        chosen = choose_backend(env_fns[0], len(env_fns), isolate=isolate)
+        chosen = choose_backend(env_fns[0], len(env_fns), isolate=isolate, limits=limits)
         backend = chosen.pop("backend")
         if backend in ("process", "ray") and num_workers is None:  # the user's count wins
             num_workers = chosen.get("num_workers")

@@ -17,7 +17,7 @@ try:  # private, but it is how gymnasium.make and make_vec find an id's spec
 except ImportError:  # a Gymnasium without it: the public lookup (versions must be given)
     _find_spec = None  # type: ignore[assignment]
 
-from aiovec._auto import choose_block_layout
+from aiovec._auto import ProbeLimits, choose_block_layout
 from aiovec._worker.blocks import BlockFactory
 from aiovec._worker.registrations import shown
 from aiovec.vector_env import VecEnv
@@ -317,8 +317,9 @@ def _make_batched(
 
     if backend == "auto":
         isolate = options.get("on_failure") == "restart" or "step_timeout" in options
+        limits = ProbeLimits.of(options.get("startup_timeout"), options.get("step_timeout"))
         layout = choose_block_layout(
-            lambda size: factories(size)[0], num_envs, isolate, envs_per_block
+            lambda size: factories(size)[0], num_envs, isolate, envs_per_block, limits
         )
         envs_per_block = layout.pop("envs_per_block")
         backend = layout.pop("backend")

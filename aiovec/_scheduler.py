@@ -178,7 +178,9 @@ class Scheduler:
         self._pumping = False
         self._parked: set[asyncio.Future[None]] = set()
         self._async_thread: int | None = None  # the thread whose tasks wait here
-        self._sync_lock = threading.Lock()  # held during a blocking call
+        # Held during a blocking call. An RLock knows its owner from the moment it is
+        # taken: a Ctrl-C landing right after the taking is still undone (see leave).
+        self._sync_lock = threading.RLock()
         self._sync_thread: int | None = None
         # Calls in progress (sync or async, nested or from several tasks) and their thread.
         self._calls = 0
@@ -459,20 +461,40 @@ class Scheduler:
         if not self._calls:
             self._calls_started = time.perf_counter()
         self._call_thread = thread
-        self._calls += 1
-        self.active += 1
+        # One statement: no signal handler runs between the two (see leave).
+        self._calls, self.active = self._calls + 1, self.active + 1
+
+    @property
+    def calls(self) -> int:
+        """Calls in progress (see :meth:`enter_call`): read before entering one, for
+        :meth:`leave`."""
+        return self._calls
+
+    def leave(self, calls: int, owned_sync: bool = True) -> None:
+        """End what a call entered since :attr:`calls` was ``calls`` (and, with
+        ``owned_sync`` false, since this thread did not hold the blocking-call lock),
+        however much of it happened: a Ctrl-C can land before :meth:`enter_call` or
+        :meth:`enter_sync` took anything, inside them, or right after, before the
+        caller's ``try``; the call's count and lock are released exactly once."""
+        if self._calls > calls:
+            self.exit_call()
+        if not owned_sync and self._sync_lock._is_owned():  # type: ignore[attr-defined]
+            self.exit_sync()
+
+    def holds_sync(self) -> bool:
+        """Whether this thread is in a blocking call (holds its lock)."""
+        return bool(self._sync_lock._is_owned())  # type: ignore[attr-defined]
 
     def exit_call(self) -> None:
         """The call begun by :meth:`enter_call` ended (however)."""
-        self._calls -= 1
-        self.active -= 1
+        self._calls, self.active = self._calls - 1, self.active - 1
         if not self._calls:
             self._call_thread = None
             self.stats.call_time += time.perf_counter() - self._calls_started
 
     def enter_sync(self) -> None:
         """Start a blocking call (waits block, see :attr:`blocking`); one thread at a time."""
-        if not self._sync_lock.acquire(blocking=False):
+        if self.holds_sync() or not self._sync_lock.acquire(blocking=False):
             raise RuntimeError(
                 "this vector env is in a blocking call in another thread (or this call "
                 "was made from inside one); a vector env belongs to one thread at a time: "

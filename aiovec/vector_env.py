@@ -122,15 +122,14 @@ def _timed(method: _Method) -> _Method:
         @functools.wraps(method)
         async def timed_coroutine(self: VecEnv, *args: Any, **kwargs: Any) -> Any:
             scheduler = self._scheduler
-            scheduler.enter_call()
+            calls, failed = scheduler.calls, True  # (see Scheduler.leave)
             try:
+                scheduler.enter_call()
                 result = await method(self, *args, **kwargs)
-            except BaseException:
-                scheduler.exit_call()
-                self._close_if_asked_meanwhile(raise_closed=False)
-                raise
-            scheduler.exit_call()
-            self._close_if_asked_meanwhile()
+                failed = False
+            finally:
+                scheduler.leave(calls)
+                self._close_if_asked_meanwhile(raise_closed=not failed)
             return result
 
         return cast(_Method, timed_coroutine)
@@ -138,15 +137,14 @@ def _timed(method: _Method) -> _Method:
     @functools.wraps(method)
     def timed(self: VecEnv, *args: Any, **kwargs: Any) -> Any:
         scheduler = self._scheduler
-        scheduler.enter_call()
+        calls, failed = scheduler.calls, True  # (see Scheduler.leave)
         try:
+            scheduler.enter_call()
             result = method(self, *args, **kwargs)
-        except BaseException:
-            scheduler.exit_call()
-            self._close_if_asked_meanwhile(raise_closed=False)
-            raise
-        scheduler.exit_call()
-        self._close_if_asked_meanwhile()
+            failed = False
+        finally:
+            scheduler.leave(calls)
+            self._close_if_asked_meanwhile(raise_closed=not failed)
         return result
 
     return cast(_Method, timed)
@@ -362,6 +360,7 @@ class VecEnv(SplitCalls, VectorEnv):
             max_restarts=max_restarts,
             step_timeout=step_timeout,
             max_concurrency=max_concurrency,
+            startup_timeout=startup_timeout,
         )
         backend, inline_envs = plan.backend, plan.inline_envs
         self.max_concurrency = max_concurrency
@@ -583,10 +582,16 @@ class VecEnv(SplitCalls, VectorEnv):
         return True
 
     @_timed
-    def _submitted(self, submit: Callable[[], _T]) -> _T:
-        """``submit()`` (a split call's sending half) as a call into the vector env: its
-        time counts in :meth:`stats`, and another thread's call meanwhile is refused."""
-        return submit()
+    def _submitted(self, submit: Callable[[], _T], call: str) -> _T:
+        """``submit()`` (the sending half of a split or blocking ``call``) as a call into
+        the vector env: its time counts in :meth:`stats`, and another thread's call
+        meanwhile is refused. A Ctrl-C in it (the command may have reached some workers
+        and not others) closes the vector env, as in any blocking call."""
+        try:
+            return submit()
+        except KeyboardInterrupt:
+            self._close_on_ctrl_c(call)
+            raise
 
     def _send(self, actions: Any, env_ids: Any, stream: bool) -> list[Ticket]:
         env_ids, make_step = self._step_commands(actions, env_ids, stream)
@@ -729,14 +734,10 @@ class VecEnv(SplitCalls, VectorEnv):
         anything in flight or unread: the same checks and results without the
         ready-queue (the lockstep fast path)."""
         scheduler = self._scheduler
-        scheduler.enter_sync()
+        calls, owned_sync, failed = scheduler.calls, scheduler.holds_sync(), True
         try:
+            scheduler.enter_sync()
             scheduler.enter_call()
-        except BaseException:
-            scheduler.exit_sync()
-            raise
-        failed = True
-        try:
             env_ids, make_step = self._step_commands(actions, None, stream=False)
             scheduler.step_in_place(make_step(scheduler.next_seq(), env_ids))
             result = self._results.lockstep(env_ids, self.copy)
@@ -745,9 +746,8 @@ class VecEnv(SplitCalls, VectorEnv):
         except KeyboardInterrupt:
             self._close_on_ctrl_c("step")
             raise
-        finally:
-            scheduler.exit_call()
-            scheduler.exit_sync()
+        finally:  # whatever was entered, even if a Ctrl-C landed in the entering
+            scheduler.leave(calls, owned_sync)
             self._close_if_asked_meanwhile(raise_closed=not failed)
 
     def _close_if_asked_meanwhile(self, raise_closed: bool = True) -> None:
@@ -1058,19 +1058,14 @@ class VecEnv(SplitCalls, VectorEnv):
         minus the cost of a loop turn per call.
         """
         scheduler = self._scheduler
+        calls, owned_sync, failed = scheduler.calls, scheduler.holds_sync(), True
         try:
-            scheduler.enter_sync()
-        except BaseException:
-            coroutine.close()
-            raise
-        try:
-            scheduler.enter_call()
-        except BaseException:
-            scheduler.exit_sync()
-            coroutine.close()
-            raise
-        failed = True
-        try:
+            try:
+                scheduler.enter_sync()
+                scheduler.enter_call()
+            except BaseException:
+                coroutine.close()  # never started
+                raise
             coroutine.send(None)
         except StopIteration as finished:
             value: _T = finished.value  # what the coroutine returned
@@ -1079,9 +1074,8 @@ class VecEnv(SplitCalls, VectorEnv):
         except KeyboardInterrupt:
             self._close_on_ctrl_c(call or _sync_name(coroutine))
             raise
-        finally:
-            scheduler.exit_call()
-            scheduler.exit_sync()
+        finally:  # whatever was entered, even if a Ctrl-C landed in the entering
+            scheduler.leave(calls, owned_sync)
             self._close_if_asked_meanwhile(raise_closed=not failed)
         coroutine.close()
         raise AssertionError("a coroutine suspended in blocking mode")

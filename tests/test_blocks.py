@@ -504,12 +504,21 @@ class MisshapenVectorEnv(PointMassVectorEnv):
         obs, rewards, terminated, truncated, infos = super().step(actions)
         if self.broken == "observations":
             obs = obs[:, :1]  # would broadcast into the (k, 2) rows
-        else:
+        elif self.broken == "rewards":
             rewards = rewards[:1]
+        elif self.broken == "scalar reward":
+            rewards = float(rewards.sum())  # would be every row's
+        elif self.broken == "scalar termination":
+            terminated = bool(np.any(terminated))  # an np.any(dones) slip
+        else:
+            truncated = np.True_
         return obs, rewards, terminated, truncated, infos
 
 
-@pytest.mark.parametrize("broken", ["observations", "rewards"])
+@pytest.mark.parametrize(
+    "broken",
+    ["observations", "rewards", "scalar reward", "scalar termination", "scalar truncation"],
+)
 def test_results_of_the_wrong_shape_are_errors_not_broadcast(backend, broken):
     with aiovec.make(
         lambda num_envs, broken: MisshapenVectorEnv(num_envs, broken), 4, envs_per_block=2,

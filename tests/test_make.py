@@ -240,6 +240,28 @@ def test_auto_probe_of_an_env_that_hangs_gives_up(monkeypatch):
         assert venv.backend == "process"
 
 
+class _HangsInInit(CounterEnv):
+    def __init__(self):
+        import time
+
+        time.sleep(3600)
+
+
+@pytest.mark.timeout(25)  # the probe's own deadline is 30 s: the user's limits bound it
+def test_auto_probe_waits_no_longer_than_startup_timeout_and_step_timeout(no_leaks):
+    """``make`` (``backend="auto"``) probes an env before building the vector env: a
+    constructor that hangs is given up on within ``startup_timeout``, a step that hangs
+    within ``step_timeout``, as the vector env itself would, not after the probe's own
+    30 s deadline."""
+    with pytest.raises(aiovec.StartupTimeoutError):
+        aiovec.make(_HangsInInit, 2, startup_timeout=1)
+    with aiovec.make(_HangsInStep, 2, step_timeout=0.5) as venv:
+        assert venv.backend == "process"
+        with pytest.raises(aiovec.StepTimeoutError):
+            venv.reset()
+            venv.step(np.zeros(2, dtype=np.int64))
+
+
 @pytest.mark.parametrize(
     "options", [{"on_failure": "restart"}, {"step_timeout": 5.0}], ids=["restart", "timeout"]
 )

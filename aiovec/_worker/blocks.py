@@ -398,6 +398,9 @@ class BlockHost(HostState):
                 return split_infos(info, size), None, False
             result = _synchronous((yield methodcaller("step", actions)), "step")
             observations, rewards, terminations, truncations, info = result
+            _check_one_per_row(
+                size, rewards=rewards, terminations=terminations, truncations=truncations
+            )
             self._write(first_row, observations, rewards, terminations, truncations)
             self._note_reward_dtype(rewards)
             self._failures_in_a_row[first_row] = 0
@@ -427,18 +430,10 @@ class BlockHost(HostState):
     def _write(
         self, first_row: int, observations: Any, rewards: Any, terminations: Any, truncations: Any
     ) -> None:
+        """Write a block's results (rewards and flags: checked, one per row, or a
+        scalar of aiovec's own for every row: a reset's 0.0/False)."""
         size = self.envs_per_block
         rows = slice(first_row, first_row + size)
-        for name, value in (
-            ("rewards", rewards),
-            ("terminations", terminations),
-            ("truncations", truncations),
-        ):
-            if np.ndim(value) != 0 and np.shape(value) != (size,):  # 0.0/False: every row
-                raise ValueError(
-                    f"the batched env returned {name} of shape {np.shape(value)}, not "
-                    f"({size},): one per env"
-                )
         self._write_observations(first_row, observations)
         buffers = self.buffers
         buffers.rewards[rows] = rewards
@@ -681,6 +676,17 @@ class BlockHost(HostState):
 
 #: Calls whose result a vector env gives per env (split between the block's rows).
 _PER_ENV_CALLS = frozenset({"render", "call", "get_attr"})
+
+
+def _check_one_per_row(size: int, **values: Any) -> None:
+    """Refuse a batched env's rewards or flags that are not one per row: a scalar (an
+    ``np.any(dones)`` slip) is not spread over the block's rows."""
+    for name, value in values.items():
+        if np.shape(value) != (size,):
+            raise ValueError(
+                f"the batched env returned {name} of shape {np.shape(value)}, not "
+                f"({size},): one per env"
+            )
 
 
 def split_infos(info: dict[str, Any], size: int) -> list[dict[str, Any]] | None:
