@@ -529,6 +529,22 @@ def test_results_of_the_wrong_shape_are_errors_not_broadcast(backend, broken):
             venv.step(np.zeros((4, 1), np.float32))
 
 
+class MisshapenInfoVectorEnv(PointMassVectorEnv):
+    def step(self, actions):
+        obs, rewards, terminated, truncated, _ = super().step(actions)
+        rows = self.num_envs + 1  # one row too many: whose is which?
+        return obs, rewards, terminated, truncated, {"x": np.zeros(rows), "_x": np.ones(rows, bool)}
+
+
+def test_infos_with_masks_of_the_wrong_length_are_an_error_naming_the_key(backend):
+    with aiovec.make(
+        lambda num_envs: MisshapenInfoVectorEnv(num_envs), 4, envs_per_block=2, backend=backend
+    ) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(aiovec.EnvError, match=r"_x.*shape \(3,\), not \(2,\)"):
+            venv.step(np.zeros((4, 1), np.float32))
+
+
 class ArrayRenderVectorEnv(PointMassVectorEnv):
     def render(self):
         return np.stack(super().render())  # one (k, H, W, 3) array

@@ -701,7 +701,13 @@ def split_infos(info: dict[str, Any], size: int) -> list[dict[str, Any]] | None:
         mask = info.get(f"_{key}")
         if mask is None:  # no mask: a per-env array, or one value for every env
             indices: Any = range(size)
-        else:
+        else:  # a mask and its values: one per row (Gymnasium's layout), or whose is which?
+            for name, part in ((f"_{key}", mask), (key, value)):
+                if not isinstance(part, dict) and np.shape(part)[:1] != (size,):
+                    raise ValueError(
+                        f"the batched env returned info {name!r} of shape "
+                        f"{np.shape(part)}, not ({size},): one per env"
+                    )
             indices = np.flatnonzero(mask)
         if isinstance(value, dict):
             nested = split_infos(value, size) or [{}] * size
