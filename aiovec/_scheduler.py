@@ -475,11 +475,20 @@ class Scheduler:
         ``owned_sync`` false, since this thread did not hold the blocking-call lock),
         however much of it happened: a Ctrl-C can land before :meth:`enter_call` or
         :meth:`enter_sync` took anything, inside them, or right after, before the
-        caller's ``try``; the call's count and lock are released exactly once."""
-        if self._calls > calls:
-            self.exit_call()
-        if not owned_sync and self._sync_lock._is_owned():  # type: ignore[attr-defined]
-            self.exit_sync()
+        caller's ``try``; the call's count and lock are released exactly once. A Ctrl-C
+        landing in this release does not cut it short: it is finished, then raised."""
+        interrupted: KeyboardInterrupt | None = None
+        while True:
+            try:
+                if self._calls > calls:
+                    self.exit_call()
+                if not owned_sync and self._sync_lock._is_owned():  # type: ignore[attr-defined]
+                    self.exit_sync()
+                break
+            except KeyboardInterrupt as exc:  # each step above is done at most once
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
     def holds_sync(self) -> bool:
         """Whether this thread is in a blocking call (holds its lock)."""

@@ -58,7 +58,9 @@ class _Core(Protocol):
     ) -> Coroutine[Any, Any, tuple[Any, ...]]: ...
     def _finish(self, kind: str, timeout: float | None, call: str | None = None) -> Any: ...
     def _lockstep(self, kind: str, submit: Callable[[], Any]) -> Any: ...
-    def _submitted(self, submit: Callable[[], _T], call: str) -> _T: ...
+    def _submitted(self, submit: Callable[[], _T]) -> _T: ...
+    def _submit_closing_on_ctrl_c(self, submit: Callable[[], Any], call: str) -> Any: ...
+    def _close_on_ctrl_c(self, call: str) -> None: ...
     def _defer(self, kind: str, late: tuple[str, Any], send: Callable[[], Any]) -> None: ...
     def _begin(self, kind: str, synchronous: bool = False) -> tuple[str, Any] | None: ...
     def _end(self, kind: str) -> Any: ...
@@ -107,7 +109,7 @@ class SplitCalls:
         late = self._begin("reset")
         if late is None:
             submit = partial(self._reset_submit, seed, options)
-            self._pending = ("reset", self._submitted(submit, "reset_async"))
+            self._pending = ("reset", self._submit_closing_on_ctrl_c(submit, "reset_async"))
         else:
             self._reset_plan(seed, options)  # bad arguments are refused now
             # The deferred reset keeps its own dict: the caller's loses its reset_mask
@@ -129,7 +131,7 @@ class SplitCalls:
         late = self._begin("step")
         if late is None:
             submit = partial(self._send, actions, None, False)
-            self._pending = ("step", self._submitted(submit, "step_async"))
+            self._pending = ("step", self._submit_closing_on_ctrl_c(submit, "step_async"))
             return
         checked, _ = self._check_actions(actions, self.num_envs)  # bad ones refused now
         # A copy, as AsyncVectorEnv's pipes take one: the caller may reuse its array.
@@ -149,7 +151,7 @@ class SplitCalls:
         late = self._begin("call")
         if late is None:
             submit = partial(self._call_submit, name, args, kwargs)
-            self._pending = ("call", self._submitted(submit, "call_async"))
+            self._pending = ("call", self._submit_closing_on_ctrl_c(submit, "call_async"))
         else:
             self._check_call_name(name)  # a name call refuses is refused now
             # Copies, as AsyncVectorEnv's pipes take them: the caller may change its own.
@@ -199,8 +201,20 @@ class SplitCalls:
         its ``*_async`` (``submit()``), then its ``*_wait``. So a wait ended before the
         call finished leaves it pending as :meth:`_finish` does: ``*_wait`` returns its
         results, and the next call drops them once it has finished."""
-        self._pending, self._pending_timed_out = (kind, self._submitted(submit, kind)), False
+        state = self._submit_closing_on_ctrl_c(submit, kind)
+        self._pending, self._pending_timed_out = (kind, state), False
         return self._finish(kind, None, kind)
+
+    def _submit_closing_on_ctrl_c(self: _Core, submit: Callable[[], Any], call: str) -> Any:
+        """:meth:`_submitted`; a Ctrl-C anywhere in it (the command may have reached
+        some workers and not others, or all of them with nothing yet pending to collect
+        it) closes the vector env, as one in any blocking call does."""
+        try:
+            return self._submitted(submit)
+        except KeyboardInterrupt:
+            if not self.closed:
+                self._close_on_ctrl_c(call)
+            raise
 
     def _defer(self: _Core, kind: str, late: tuple[str, Any], send: Callable[[], Any]) -> None:
         """Make ``kind`` the pending call, to be sent by its ``*_wait`` after ``late``."""

@@ -582,16 +582,10 @@ class VecEnv(SplitCalls, VectorEnv):
         return True
 
     @_timed
-    def _submitted(self, submit: Callable[[], _T], call: str) -> _T:
-        """``submit()`` (the sending half of a split or blocking ``call``) as a call into
-        the vector env: its time counts in :meth:`stats`, and another thread's call
-        meanwhile is refused. A Ctrl-C in it (the command may have reached some workers
-        and not others) closes the vector env, as in any blocking call."""
-        try:
-            return submit()
-        except KeyboardInterrupt:
-            self._close_on_ctrl_c(call)
-            raise
+    def _submitted(self, submit: Callable[[], _T]) -> _T:
+        """``submit()`` (a split call's sending half) as a call into the vector env: its
+        time counts in :meth:`stats`, and another thread's call meanwhile is refused."""
+        return submit()
 
     def _send(self, actions: Any, env_ids: Any, stream: bool) -> list[Ticket]:
         env_ids, make_step = self._step_commands(actions, env_ids, stream)
@@ -1124,8 +1118,9 @@ class VecEnv(SplitCalls, VectorEnv):
             return
         scheduler = self._scheduler
         busy_here = scheduler.active  # (in this thread: another thread's is refused next)
-        scheduler.enter_call()  # refused while another thread is in a call
+        calls = scheduler.calls  # (see Scheduler.leave)
         try:
+            scheduler.enter_call()  # refused while another thread is in a call
             if busy_here:
                 # Called from a signal handler (or an env's own code) while this thread
                 # runs the vector env's code, whose state must not change under it: the
@@ -1137,19 +1132,39 @@ class VecEnv(SplitCalls, VectorEnv):
                 return
             self._close_now(kwargs)
         finally:
-            scheduler.exit_call()
+            scheduler.leave(calls)
 
     def _close_deferred(self) -> None:
         self._close_now(self._deferred_close or {})
 
     def _close_now(self, kwargs: dict[str, Any]) -> None:
+        """Close; ``closed`` is never set with workers left running: a close cut short
+        (a Ctrl-C, a bad argument) stops whatever is left at once, then raises."""
         self._deferred_close = self._scheduler.close_requested = None
-        self._closing = True
         try:
+            self._closing = True
             self.close_extras(**kwargs)
+        except BaseException:
+            self._stop_at_once()
+            raise
         finally:
             self.closed = True
             self._closing = False
+
+    def _stop_at_once(self) -> None:
+        """Kill what a cut-short close left (the backend's close is idempotent), even if
+        another Ctrl-C lands meanwhile (it is raised once this is done)."""
+        interrupted: KeyboardInterrupt | None = None
+        for _ in range(3):  # each try gets further; a close of nothing left is a no-op
+            try:
+                self._scheduler.close()
+                self._backend.close(0)
+                self._close_ends()
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
     def __enter__(self) -> VecEnv:
         return self

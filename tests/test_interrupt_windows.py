@@ -114,3 +114,51 @@ def test_a_ctrl_c_around_a_call_being_counted_does_not_count_it_forever(where, n
         assert envs.closed
     finally:
         envs.close()
+
+
+def _usable_or_closed_by_ctrl_c(envs: aiovec.VecEnv) -> None:
+    """The env steps, or says a Ctrl-C closed it; close() then closes it either way."""
+    try:
+        observations, *_ = envs.step(np.zeros(4, np.int64))
+        assert observations.shape[0] == 4
+    except aiovec.ClosedError as closed:
+        assert "Ctrl-C" in str(closed)
+    envs.close()
+    assert envs.closed
+
+
+@pytest.mark.parametrize("backend", ["process", "inline"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        (Scheduler.exit_sync, "self._sync_lock.release()"),  # releasing the call's lock
+        (Scheduler.exit_call, "self._calls, self.active = self._calls - 1"),
+        (aiovec.VecEnv._submitted, "scheduler.leave(calls)"),  # sent, not yet pending
+    ],
+    ids=["releasing-lock", "uncounting", "sent-not-pending"],
+)
+def test_a_ctrl_c_as_a_blocking_call_ends_does_not_wedge_it(backend, where, no_leaks):
+    if backend == "inline" and where[0] is aiovec.VecEnv._submitted:
+        pytest.skip("an inline lockstep step is one call (its fast path), not sent then awaited")
+    options = {"num_workers": 2} if backend == "process" else {}
+    envs = _envs(backend=backend, **options)
+    try:
+        with ctrl_c_at(*where), pytest.raises(KeyboardInterrupt):
+            envs.step(np.zeros(4, np.int64))
+        _usable_or_closed_by_ctrl_c(envs)
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("backend", ["process", "inline"])
+@pytest.mark.parametrize("text", ["self._close_begins()", "self._backend.close(self.close_timeout"])
+def test_a_ctrl_c_in_close_leaves_nothing_running(backend, text, no_leaks):
+    """Closed means closed: a close cut short by a Ctrl-C stops its workers at once."""
+    options = {"num_workers": 2} if backend == "process" else {}
+    envs = _envs(backend=backend, **options)
+    with ctrl_c_at(aiovec.VecEnv.close_extras, text), pytest.raises(KeyboardInterrupt):
+        envs.close()
+    assert envs.closed
+    envs.close()  # nothing left to do
+    with pytest.raises(aiovec.ClosedError):
+        envs.step(np.zeros(4, np.int64))
