@@ -1191,18 +1191,24 @@ class VecEnv(SplitCalls, VectorEnv):
             self.close()
             return
         scheduler = self._scheduler
-        scheduler.enter_call()  # refused while another thread is in a call
-        self._closing = True
+        calls = scheduler.calls  # (see Scheduler.leave)
         try:
+            scheduler.enter_call()  # refused while another thread is in a call
+            self._closing = True
             self._close_begins()
             try:
                 await closing(self.close_timeout)
             finally:
                 self._close_ends()
+        except BaseException:  # cut short (cancelled, a Ctrl-C): nothing left running
+            if self._closing:
+                self._stop_at_once()
+            raise
         finally:
-            self.closed = True
+            if self._closing:
+                self.closed = True
             self._closing = False
-            scheduler.exit_call()
+            scheduler.leave(calls)
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True):

@@ -5,6 +5,7 @@ call, the vector env is closed (later calls raise ``ClosedError``), never left w
 
 from __future__ import annotations
 
+import asyncio
 import linecache
 import signal
 import sys
@@ -162,3 +163,21 @@ def test_a_ctrl_c_in_close_leaves_nothing_running(backend, text, no_leaks):
     envs.close()  # nothing left to do
     with pytest.raises(aiovec.ClosedError):
         envs.step(np.zeros(4, np.int64))
+
+
+@pytest.mark.parametrize("turns", [1, 3])  # (cancelled before its first turn, it never ran)
+async def test_an_aclose_cancelled_midway_leaves_nothing_running(turns, no_leaks):
+    """``aclose()`` cancelled (a timeout around it, Ctrl-C under ``asyncio.run``) after
+    a few loop turns: closed, its workers stopped; awaiting it again is a no-op."""
+    envs = aiovec.VecEnv([lambda: CounterEnv(0)] * 4, num_workers=2)
+    await envs.areset(seed=0)
+    task = asyncio.ensure_future(envs.aclose())
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert envs.closed
+    await envs.aclose()
+    with pytest.raises(aiovec.ClosedError):
+        await envs.astep(np.zeros(4, np.int64))
