@@ -191,6 +191,22 @@ def test_a_value_that_cannot_be_pickled_fails_only_its_env(field):
     ]
     message = decoded.errors[1].message
     assert "could not be sent back" in message and "_thread.lock" in message
+    # The part that cannot travel is named, down to its key.
+    part = {
+        "infos": "info['lock']",
+        "values": "call result['lock']",
+        "observations": "observation['lock']",
+    }
+    assert part[field] in message
+
+
+def test_the_unsendable_part_of_a_nested_info_is_named_by_its_path():
+    import threading
+
+    info = {"ok": [1, 2], "stats": {"fine": 1.0, "handles": [0, threading.Lock()]}}
+    decoded = decode_message(encode_reply(Reply(2, [0], infos=[info])))
+    message = decoded.errors[0].message
+    assert "info['stats']['handles'][1]" in message, message
 
 
 def test_a_reply_that_cannot_be_encoded_as_a_whole_fails_each_of_its_envs():

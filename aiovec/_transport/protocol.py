@@ -493,16 +493,36 @@ def _send_back_errors(reply: Reply) -> list[ErrorInfo] | None:
             try:
                 encode(to_wire(values[position]))
             except Exception as exc:
-                failed.append(_send_back_error(env_id, exc))
+                part = _unsendable_part(values[position], _PART_NAMES[name])
+                failed.append(_send_back_error(env_id, exc, part))
                 for other in fields:  # nothing of this env's travels but its error
                     getattr(reply, other)[position] = None
                 break
     return failed or None
 
 
-def _send_back_error(env_id: int, exc: Exception) -> ErrorInfo:
+#: How an error names each of a reply's per-env values.
+_PART_NAMES = {"infos": "info", "values": "call result", "observations": "observation"}
+
+
+def _unsendable_part(value: Any, path: str, depth: int = 0) -> str:
+    """The path (``info['stats'][1]``) of the innermost part of ``value`` that cannot
+    be encoded, following dicts, lists and tuples; ``path`` itself when no single item
+    is to blame. Runs only once a value has failed: its cost never touches a reply."""
+    if depth < 16 and isinstance(value, (dict, list, tuple)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            try:
+                encode(to_wire(item))
+            except Exception:
+                return _unsendable_part(item, f"{path}[{key!r}]", depth + 1)
+    return path
+
+
+def _send_back_error(env_id: int, exc: Exception, part: str | None = None) -> ErrorInfo:
+    where = f" ({part})" if part else ""
     message = (
-        f"what the env returned could not be sent back ({type(exc).__name__}: {exc}); "
+        f"what the env returned could not be sent back{where}: {type(exc).__name__}: {exc}; "
         "return picklable values (infos, call results, observations)"
     )
     return ErrorInfo(env_id, "send back", "TypeError", message, "", exc_module="builtins")
