@@ -23,7 +23,7 @@ class PointMassVectorEnv(VectorEnv):
     step on (counted since construction),
     ``crash_at=n`` kills the process there; ``step_sleep`` seconds per step;
     ``reset_ledger=path``: a reset with ``options={"fail": True}`` raises, once for all
-    blocks sharing that file.
+    blocks sharing that file (``reset_failures`` times: files ``path``, ``path.1``, ...).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -41,7 +41,9 @@ class PointMassVectorEnv(VectorEnv):
         dict_obs: bool = False,
         render_mode: str | None = None,
         reset_ledger: str | None = None,
+        reset_failures: int = 1,
     ) -> None:
+        self.reset_failures = reset_failures
         self.fail_with, self.reset_ledger = fail_with, reset_ledger
         self.num_envs = num_envs
         self.render_mode = render_mode
@@ -77,11 +79,12 @@ class PointMassVectorEnv(VectorEnv):
 
     def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[Any, dict]:
         if (options or {}).get("fail") and self.reset_ledger is not None:
-            try:  # created at most once, whichever process of the blocks comes first
-                os.close(os.open(self.reset_ledger, os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                pass
-            else:
+            for index in range(self.reset_failures):
+                path = f"{self.reset_ledger}.{index}" if index else self.reset_ledger
+                try:  # created at most once, whichever process of the blocks comes first
+                    os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+                except FileExistsError:
+                    continue
                 raise ConnectionError("the simulator's server went away")
         if seed is not None:
             super().reset(seed=seed if isinstance(seed, int) else seed[0])

@@ -293,6 +293,25 @@ def test_a_block_failing_its_reset_is_rebuilt_and_reset_again(tmp_path, backend)
         assert not truncated.any() and "restarted" not in infos  # reported once
 
 
+def test_a_step_after_a_block_reset_that_gave_up_replays_that_reset(tmp_path, backend):
+    """A block whose reset fails past ``max_restarts`` is left rebuilt, not reset: the
+    next step resets it (a restart) with the seeds and options of the reset that gave
+    up, so its rows start where that reset would have put them."""
+    failing = {"reset_ledger": str(tmp_path / "failed"), "reset_failures": 2}
+    made = partial(aiovec.make, point_masses, 4, envs_per_block=2, backend=backend)
+    with (
+        made(on_failure="restart", max_restarts=1, env_kwargs=[{}, failing]) as venv,
+        made() as reference,
+    ):
+        with pytest.raises(ConnectionError, match="server went away"):
+            venv.reset(seed=5, options={"fail": True})
+        expected, _ = reference.reset(seed=5)
+        observations, _, _, truncated, infos = venv.step(np.zeros((4, 1), np.float32))
+        np.testing.assert_array_equal(truncated, [False, False, True, True])
+        np.testing.assert_array_equal(infos["_restarted"], [False, False, True, True])
+        np.testing.assert_array_equal(observations[2:], expected[2:])
+
+
 def test_a_crashing_worker_of_blocks(no_leaks):
     env_kwargs = [{}, {"crash_at": 2}]
     with aiovec.make(

@@ -292,6 +292,37 @@ def test_a_reset_that_keeps_failing_raises_after_max_restarts(tmp_path, backend)
         assert venv.restart_counts.tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_step_after_a_reset_that_gave_up_replays_that_reset(tmp_path, backend):
+    """A reset that failed past ``max_restarts`` leaves its env rebuilt but not reset:
+    the next step resets it (reported as a restart) with the seed and options of the
+    reset that gave up, not a bare ``reset()`` (which lost the caller's seeding)."""
+    ledger = str(tmp_path / "failures")
+    env_fns = [partial(CounterEnv, 0), partial(FailingResetEnv, 1, ledger, failures=3)]
+    with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart", max_restarts=2) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(ConnectionError, match="lost its connection"):
+            venv.reset(seed=5, options=[None, {"fail": True}])
+        observations, _, _, truncations, infos = venv.step([0, 0])
+        assert truncations.tolist() == [False, True] and infos["restarted"][1]
+        assert infos["seed"][1] == 6 and infos["options"]["fail"][1]
+        # Replayed once: a later reset and step are the caller's own again.
+        _, infos = venv.reset(seed=1)
+        assert infos["seed"][1] == 2 and infos["options"][1] is None
+        venv.step([0, 0])
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_new_reset_replaces_the_one_owed_by_a_reset_that_gave_up(tmp_path, backend):
+    ledger = str(tmp_path / "failures")
+    env_fns = [partial(CounterEnv, 0), partial(FailingResetEnv, 1, ledger, failures=3)]
+    with aiovec.VecEnv(env_fns, backend=backend, on_failure="restart", max_restarts=2) as venv:
+        with pytest.raises(ConnectionError, match="lost its connection"):
+            venv.reset(seed=5, options=[None, {"fail": True}])
+        _, infos = venv.reset(seed=20)
+        assert infos["seed"][1] == 21 and infos["options"][1] is None
+
+
 async def test_an_async_reset_under_restart_reports_the_restart(tmp_path, backend):
     ledger = str(tmp_path / "failures")
     env_fns = [partial(CounterEnv, 0), partial(FailingResetEnv, 1, ledger)]

@@ -225,6 +225,9 @@ class BlockHost(HostState):
         # First rows of restarted blocks whose next step is a reset (NEXT_STEP reports a
         # restart as a truncation, after which a step resets, as for single envs).
         self._owes_reset: set[int] = set()
+        # First row -> (seed, options) of a whole reset that gave up (past max_restarts):
+        # the reset answering the block's restart notice replays them, once.
+        self._owed_resets: dict[int, tuple[Any, Any]] = {}
         self._observation_space = first.observation_space  # batched, for splitting
         self._single_action_space = first.single_action_space
         self._ranges: dict[tuple[int, int], list[int]] = {}  # (first, count) -> its rows
@@ -507,9 +510,13 @@ class BlockHost(HostState):
         raise exc
 
     def _restarted_flow(self, first_row: int, reason: str) -> Flow:
-        observations, info = _synchronous((yield _RESET), "reset")
+        # After a reset that gave up, the caller's seeds and options, not a bare reset.
+        owed = self._owed_resets.get(first_row)
+        request = _RESET if owed is None else methodcaller("reset", seed=owed[0], options=owed[1])
+        observations, info = _synchronous((yield request), "reset")
         self._write(first_row, observations, 0.0, False, True)
         self._restart_notices.pop(first_row, None)  # answered (kept while the reset fails)
+        self._owed_resets.pop(first_row, None)
         if self._next_step:
             self._owes_reset.add(first_row)
         return _restarted_infos(info, self.envs_per_block, reason)
@@ -603,7 +610,11 @@ class BlockHost(HostState):
             if not whole:  # a rebuilt block needs every row reset, not just these
                 raise
             # Rebuilt and reset again with the same seeds and options (restart policy).
-            return (yield from self._rebuild_flow(first_row, exc, reset))
+            try:
+                return (yield from self._rebuild_flow(first_row, exc, reset))
+            except env_errors():
+                self._owed_resets[first_row] = (seed, options)  # see _restarted_flow
+                raise
 
     def _reset_rows_flow(
         self,
@@ -626,6 +637,7 @@ class BlockHost(HostState):
             self.buffers.truncations[rows] = False
             self._owes_reset.discard(first_row)
             self._restart_notices.pop(first_row, None)  # answered
+            self._owed_resets.pop(first_row, None)  # a new reset replaces one that gave up
         else:
             for offset in offsets:
                 self.buffers.terminations[first_row + offset] = False

@@ -403,6 +403,9 @@ class EnvHost(HostState):
         self._failures_in_a_row = dict.fromkeys(envs, 0)
         self._restart_notices: dict[int, str] = {}  # env id -> why it was rebuilt
         self._recovering: dict[int, str] = {}  # env id -> why, while being rebuilt
+        # env id -> (seed, options) of a reset that gave up (past max_restarts): the
+        # reset that answers the env's restart notice replays them, once.
+        self._owed_resets: dict[int, tuple[int | None, Any]] = {}
         self._observation_space = next(iter(envs.values())).observation_space
         self._needs_reset = dict.fromkeys(envs, False)
         super().__init__(self._observation_space)
@@ -687,10 +690,12 @@ class EnvHost(HostState):
         timeout): the env rebuilt and reset again with the same seed and options
         (restart policy), or ``exc`` reported."""
         env_id, seed = command.env_ids[0], command.seeds[0]
-        again = partial(self._fresh_reset_flow, env_id, seed, self._reset_options(command, 0))
+        options = self._reset_options(command, 0)
+        again = partial(self._fresh_reset_flow, env_id, seed, options)
         try:
             info = await self._drive_async(env_id, self._recover_flow(env_id, exc, again))
         except env_errors() as final:
+            self._owed_resets[env_id] = (seed, options)
             return self.control_reply(command, [None], [error_info(env_id, "reset", final)])
         return self.control_reply(command, [info], [])
 
@@ -786,7 +791,11 @@ class EnvHost(HostState):
             return (yield from self._fresh_reset_flow(env_id, seed, options, reason))
         except env_errors() as exc:
             again = partial(self._fresh_reset_flow, env_id, seed, options)
-            return (yield from self._recover_flow(env_id, exc, again))
+            try:
+                return (yield from self._recover_flow(env_id, exc, again))
+            except env_errors():
+                self._owed_resets[env_id] = (seed, options)  # see _restarted_flow
+                raise
 
     def _fresh_reset_flow(
         self,
@@ -803,6 +812,7 @@ class EnvHost(HostState):
         self._needs_reset[env_id] = False
         # Answered: a restart notice stays only while the rebuilt env's reset fails.
         self._restart_notices.pop(env_id, None)
+        self._owed_resets.pop(env_id, None)  # a new reset replaces one that gave up
         if restart_reason is None:
             return info
         return restarted_info(info, restart_reason)
@@ -852,12 +862,17 @@ class EnvHost(HostState):
                 raise failure from failure.__cause__  # as raised (and unwrapped) there
 
     def _restarted_flow(self, env_id: int, reason: str) -> Flow:
-        observation, info = yield _RESET
+        # After a reset that gave up, the caller's seed and options, not a bare reset:
+        # the env ends as that reset would have left it.
+        owed = self._owed_resets.get(env_id)
+        request = _RESET if owed is None else methodcaller("reset", seed=owed[0], options=owed[1])
+        observation, info = yield request
         checked_info(info)
         self._write_results(env_id, observation, 0.0, False, True)
         # NEXT_STEP treats the truncation like any other: the next step resets again.
         self._needs_reset[env_id] = self._next_step
         self._restart_notices.pop(env_id, None)  # answered (kept while the reset fails)
+        self._owed_resets.pop(env_id, None)
         return restarted_info(info, reason)
 
     def _unplain_step_flow(self, env_id: int) -> Flow:
