@@ -211,12 +211,32 @@ class Scheduler:
         return [(worker, group, group) for worker, group in sorted(groups.items())]
 
     def check_alive(self, env_ids: Iterable[int]) -> None:
-        """Raise the crash of the first dead worker hosting one of ``env_ids``."""
+        """Raise the crash of the first dead worker hosting one of ``env_ids``; under
+        the restart policy, replace it instead (see :meth:`_try_again`)."""
         if self.dead_workers:
             for env_id in env_ids:
                 worker = int(self.worker_of[env_id])
-                if worker in self.dead_workers:
+                if worker in self.dead_workers and not self._try_again(worker):
                     raise_alone(self.dead_workers[worker])
+
+    def _try_again(self, worker: int) -> bool:
+        """Under the restart policy, a worker given up on (past ``max_restarts``, its
+        crash raised) gets one more replacement when a command comes for its envs, as an
+        env given up on is tried again by its next step: whether it was started. Its
+        failures in a row are kept, so should it die too, its crash is raised at once."""
+        if not self.restart:
+            return False
+        crash = self.dead_workers[worker]
+        try:
+            self.backend.restart(worker, f"{type(crash).__name__}: {crash}")
+        except Exception:  # no replacement now (out of descriptors, say): as it was
+            return False
+        finally:
+            del crash  # (see raise_alone)
+        del self.dead_workers[worker]
+        self.worker_restarts[worker] += 1
+        logger.warning("starting worker %d again, given up on before", worker)
+        return True
 
     def submit(
         self,
@@ -692,15 +712,20 @@ class Scheduler:
                 self._fail_worker(worker, cannot_start, in_flight)  # dead, not in flight
                 return
             # The envs the worker was inside a call of: a call or set_attr there may have
-            # had its side effects, and may be what killed the worker.
+            # had its side effects, and may be what killed the worker. An env runs its
+            # commands in the order sent, so one with an earlier command unanswered
+            # was running that one, not a later call queued behind it.
             started = {*exit.running, *(timed_out or ())}
+            owing: set[int] = set()  # envs with an earlier command still unanswered
             for seq, ticket in in_flight:  # the new envs answer with restart notices
                 if not isinstance(ticket.command, (Step, Reset)) and (
-                    not self.backend.marks_running or started.intersection(ticket.env_ids)
+                    not self.backend.marks_running
+                    or started.intersection(ticket.env_ids).difference(owing)
                 ):  # it fails with the crash, never runs again (one not started does)
                     del self._tickets[seq]
                     self._finish(ticket, None, crash)
                     continue
+                owing.update(e for e in ticket.env_ids if e not in (ticket.answered or ()))
                 ticket.sent_at, ticket.started_at = time.monotonic(), None
                 command = ticket.command
                 if ticket.is_step and ticket.answered:  # partly answered: the rest only

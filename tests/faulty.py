@@ -377,3 +377,67 @@ class UnsendableInfoEnv(CounterEnv):
             truncated,
             {"lock": threading.Lock()} if self.bad else info,
         )
+
+
+class CrashLoopEnv(CounterEnv):
+    """A CounterEnv that kills its worker process (SIGKILL): with ``where="step"`` in
+    every step; with ``where="reset"`` in each second reset of every instance (each new
+    instance resets fine once: a replayed reset succeeds, the next one kills again);
+    never with ``where="never"``."""
+
+    level = 1
+
+    def __init__(self, env_index: int = 0, where: str = "step") -> None:
+        super().__init__(env_index)
+        self.where, self.resets = where, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        if self.where == "reset" and self.resets == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.where == "step":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)
+
+    def current_level(self) -> int:
+        return self.level
+
+
+class SlowlyDyingEnv(CheckpointEnv):
+    """A CheckpointEnv (``dies="never"``) whose first step ever (across processes: the
+    ``died`` file) takes ``delay`` seconds and then kills its worker with SIGKILL: a
+    command sent meanwhile waits behind that step."""
+
+    def __init__(self, env_index: int = 0, ledger: str = "", died: str = "", delay=0.3):
+        super().__init__(env_index, ledger, "never")
+        self.died, self.delay = died, delay
+
+    def step(self, action):
+        try:
+            os.close(os.open(self.died, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return super().step(action)
+        time.sleep(self.delay)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ResetKillsEnv(CounterEnv):
+    """A CounterEnv whose first ``failures`` resets (counted across processes in
+    ``ledger``, a file) kill its worker with SIGKILL; its reset info echoes the seed."""
+
+    def __init__(self, env_index: int = 0, ledger: str = "", failures: int = 3) -> None:
+        super().__init__(env_index)
+        self.ledger, self.failures = ledger, failures
+
+    def reset(self, *, seed=None, options=None):
+        with open(self.ledger, "a+") as handle:
+            handle.seek(0)
+            tried = len(handle.read())
+            handle.write("x")
+        if tried < self.failures:
+            os.kill(os.getpid(), signal.SIGKILL)
+        observation, _ = super().reset(seed=seed, options=options)
+        return observation, {"seed": seed}

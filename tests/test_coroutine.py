@@ -303,6 +303,25 @@ def test_recv_nowait_polling_from_synchronous_code_makes_progress():
         assert sorted(got) == [0, 1]
 
 
+def test_recv_nowait_polling_collects_every_result_of_envs_finishing_apart():
+    """Envs that finish at different times: once the last env's step is done its
+    reply waits for a flush on the private loop, which a poll must still turn (it
+    turned the loop only while an env had a command queued, and the last result of a
+    round could stay there for good: 7 of 8 results, EnvBusyError on that env)."""
+    fns = [partial(AsyncCounterEnv, i, mean_delay=0.001) for i in range(8)]
+    with aiovec.VecEnv(fns, backend="coroutine") as venv:
+        venv.reset(seed=0)
+        for _ in range(30):
+            venv.send(np.zeros(8, dtype=np.int64))
+            got: list[int] = []
+            deadline = time.monotonic() + 10
+            while len(got) < 8 and time.monotonic() < deadline:
+                batch = venv.recv_nowait()
+                if batch is not None:
+                    got += batch.env_ids.tolist()
+            assert sorted(got) == list(range(8))
+
+
 def test_closing_with_async_steps_in_flight_leaves_no_pending_tasks(tmp_path):
     import subprocess
     import sys

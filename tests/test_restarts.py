@@ -19,10 +19,13 @@ from tests.conftest import worker_processes
 from tests.envs import CounterEnv
 from tests.faulty import (
     CheckpointEnv,
+    CrashLoopEnv,
     FailingResetEnv,
     FaultyEnv,
     FlakyFactoryEnv,
     FlakyResetAfterRebuildEnv,
+    ResetKillsEnv,
+    SlowlyDyingEnv,
 )
 from tests.helpers import Heartbeat
 
@@ -49,8 +52,9 @@ def test_a_hanging_constructor_hits_the_startup_timeout():
 @pytest.mark.parametrize("policy_restarts", [1, 3])
 def test_a_factory_that_raises_while_its_worker_is_rebuilt(tmp_path, policy_restarts):
     """Worker 1 dies (os._exit) and its factory then refuses to build: the step fails
-    with the factory's error (an EnvError that is a ConnectionError), nothing hangs,
-    later sends report it too, and the healthy worker goes on."""
+    with the factory's error (an EnvError that is a ConnectionError), nothing hangs, a
+    later send tries a new worker once and reports the factory's error again, and the
+    healthy worker goes on."""
     ledger = str(tmp_path / "builds")
     env_fns = [partial(CounterEnv, 0), partial(FlakyFactoryEnv, 1, ledger)]
     with aiovec.VecEnv(
@@ -61,8 +65,9 @@ def test_a_factory_that_raises_while_its_worker_is_rebuilt(tmp_path, policy_rest
         with pytest.raises(ConnectionError, match="refused the connection") as caught:
             venv.step([0, 0])  # worker 1 exits on this step; its rebuild fails
         assert isinstance(caught.value, aiovec.EnvError)
-        with pytest.raises(ConnectionError):
-            venv.send([0], env_ids=[1])
+        venv.send([0], env_ids=[1])  # a new worker, whose factory refuses again
+        with pytest.raises(ConnectionError, match="refused the connection"):
+            aiovec.run(venv.recv())
         venv.send([0], env_ids=[0])
         assert aiovec.run(venv.recv()).env_ids.tolist() == [0]
         assert venv.call("env_index", env_ids=[0]) == (0,)
@@ -220,7 +225,8 @@ def test_a_restart_that_cannot_start_leaves_its_envs_failed_not_in_flight():
     """A worker dies while the agent is at its descriptor limit: its replacement cannot
     start. The step raises that (the explained OSError) and the worker's envs are
     failed, not left in flight for good (every later call raised EnvBusyError); the
-    other workers' envs go on."""
+    other workers' envs go on, and once descriptors are free again, the next call to
+    the failed envs starts their worker anew."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -238,11 +244,12 @@ def test_a_restart_that_cannot_start_leaves_its_envs_failed_not_in_flight():
                 venv.step([0, 0, 0, 0])
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        with pytest.raises(OSError, match="ulimit -n"):  # its envs: failed, said again
-            venv.step([0, 0, 0, 0])
         venv.send(np.zeros(2, dtype=np.int64), [0, 1])  # the other worker's envs go on
         batch = aiovec.run(venv.recv(min_envs=2))
         assert sorted(batch.env_ids.tolist()) == [0, 1]
+        _, _, _, truncations, infos = venv.step([0, 0, 0, 0])  # room again: a new worker
+        assert truncations.tolist() == [False, False, True, True]
+        assert infos["_restarted"].tolist() == [False, False, True, True]
     finally:
         venv.close()
 
@@ -428,6 +435,40 @@ async def test_a_call_queued_behind_a_crash_runs_on_the_replacement(tmp_path):
         assert venv.worker_restarts == (1,)
 
 
+@pytest.mark.parametrize("method", ["call", "set_attr"])
+@pytest.mark.parametrize("concurrent", [False, True], ids=["in-turn", "threads"])
+async def test_a_call_queued_behind_its_own_envs_crashing_step_runs_on_the_replacement(
+    tmp_path, method, concurrent
+):
+    """A call to an env whose step is still in flight waits behind that step in the
+    worker; when the step kills the worker, the call never started (the env was running
+    its step), so it goes to the replacement, as a call queued behind another env's step
+    does (it used to fail with the crash, under the restart policy)."""
+    ledger = tmp_path / "runs"
+    env_fns = [
+        partial(CounterEnv, 0),
+        partial(SlowlyDyingEnv, 1, str(ledger), str(tmp_path / "died"), 0.5),
+    ]
+    async with aiovec.VecEnv(
+        env_fns, num_workers=2, on_failure="restart", concurrent_envs=concurrent
+    ) as venv:
+        await venv.areset(seed=0)
+        venv.send([0, 0])  # env 1's worker dies in this step, after 0.5 s
+        await asyncio.sleep(0.1)
+        if method == "call":
+            assert await venv.acall("save_checkpoint", env_ids=[1]) == ("saved",)
+            assert len(ledger.read_text()) == 1  # ran once, on the replacement
+        else:
+            await venv.aset_attr("level", 3, env_ids=[1])
+            assert await venv.acall("level", env_ids=[1]) == (3,)
+        results = {}
+        while len(results) < 2:
+            batch = await venv.recv()
+            results.update(zip(batch.env_ids.tolist(), batch.truncations.tolist()))
+        assert results == {0: False, 1: True}  # env 1's step answered as its restart
+        assert venv.worker_restarts == (0, 1)
+
+
 @pytest.mark.parametrize("backend", ["coroutine", "process"])
 def test_an_async_env_whose_reset_hangs_is_rebuilt_within_step_timeout(tmp_path, backend):
     """The hung reset is cancelled at ``step_timeout`` and, under the restart policy,
@@ -502,3 +543,84 @@ def test_a_rebuild_keeps_the_class_state_of_a_class_sent_by_value():
         *_, infos = venv.step([0] * 4)
         assert infos["_restarted"].tolist() == [True, False, False, False]
         assert venv.get_attr("built") == (5, 5, 5, 5)
+
+
+@pytest.mark.parametrize("between", ["get_attr", "call", "set_attr", "nothing"])
+def test_a_worker_crash_loop_stops_at_max_restarts_whatever_calls_come_between(between):
+    """An env whose every step kills its worker is given up on after ``max_restarts``
+    replacements in a row, as documented ("without a successful step"): calls,
+    get_attr and set_attr answered between the steps are no successful step (their
+    replies used to clear the count, and the loop never stopped)."""
+    env_fns = [partial(CrashLoopEnv, 0, "never"), partial(CrashLoopEnv, 1, "step")]
+    with aiovec.VecEnv(env_fns, num_workers=2, on_failure="restart", max_restarts=2) as venv:
+        venv.reset(seed=0)
+        steps = 0
+        with pytest.raises(aiovec.WorkerCrashedError, match="killed by SIGKILL"):
+            for steps in range(1, 20):  # noqa: B007 (read after the loop)
+                venv.step([0, 0])
+                if between == "get_attr":
+                    venv.get_attr("level")
+                elif between == "call":
+                    venv.call("current_level")
+                elif between == "set_attr":
+                    venv.set_attr("level", 2)
+        # Steps 1 and 3 crash and answer as restarts (truncated); steps 2 and 4 are the
+        # resets NEXT_STEP autoreset owes; step 5's crash is the third in a row.
+        assert steps == 5
+        assert venv.worker_restarts == (0, 2)
+
+
+def test_a_reset_crash_loop_stops_at_max_restarts():
+    """Each replacement of the worker resets its env fine (the reset replayed on it),
+    and the env's next reset kills the worker again: resets are no successful step, so
+    the third crash in a row is raised (a reset's reply used to clear the count)."""
+    env_fns = [partial(CounterEnv, 0), partial(CrashLoopEnv, 1, "reset")]
+    with aiovec.VecEnv(env_fns, num_workers=2, on_failure="restart", max_restarts=2) as venv:
+        venv.reset(seed=0)
+        resets = 0
+        with pytest.raises(aiovec.WorkerCrashedError, match="killed by SIGKILL"):
+            for resets in range(1, 20):  # noqa: B007 (read after the loop)
+                venv.reset(seed=resets)
+        assert resets == 3
+        assert venv.worker_restarts == (0, 2)
+
+
+@pytest.mark.parametrize("next_call", ["step", "reset", "call"])
+def test_a_worker_given_up_on_is_tried_again_by_the_next_command(tmp_path, next_call):
+    """Past ``max_restarts`` the crash is raised, as documented, but the worker is not
+    dead for good (it used to be: every later call raised the old crash, so the vector
+    env had to be rebuilt): as an env given up on is tried again by its next step, the
+    next command to its envs starts a new worker, once; should that die as well, its
+    crash is raised at once."""
+    ledger = tmp_path / "resets"
+    env_fns = [partial(CounterEnv, 0), partial(ResetKillsEnv, 1, str(ledger), 3)]
+    with aiovec.VecEnv(env_fns, num_workers=2, on_failure="restart", max_restarts=2) as venv:
+        with pytest.raises(aiovec.WorkerCrashedError, match="killed by SIGKILL"):
+            venv.reset(seed=42)  # the first try and two replacements die
+        assert venv.worker_restarts == (0, 2)
+        if next_call == "step":
+            _, _, _, truncations, infos = venv.step([0, 0])
+            assert truncations.tolist() == [False, True] and infos["restarted"][1]
+        elif next_call == "reset":
+            _, infos = venv.reset(seed=7)
+            assert infos["seed"][1] == 8 and infos["restarted"][1]
+        else:
+            assert venv.get_attr("env_index") == (0, 1)  # built anew, not reset yet
+            assert len(ledger.read_text()) == 3
+            _, _, _, truncations, _ = venv.step([0, 0])
+            assert truncations.tolist() == [False, True]
+        assert len(ledger.read_text()) == 4  # the fourth reset, on the new worker
+        assert venv.worker_restarts == (0, 3)
+        venv.step([0, 0])
+
+
+def test_a_worker_tried_again_that_dies_again_raises_at_once(tmp_path):
+    ledger = tmp_path / "resets"
+    env_fns = [partial(CounterEnv, 0), partial(ResetKillsEnv, 1, str(ledger), 10)]
+    with aiovec.VecEnv(env_fns, num_workers=2, on_failure="restart", max_restarts=1) as venv:
+        with pytest.raises(aiovec.WorkerCrashedError):
+            venv.reset(seed=0)  # two deaths: the first try and one replacement
+        with pytest.raises(aiovec.WorkerCrashedError):
+            venv.reset(seed=0)  # one more worker, which dies: raised at once
+        assert len(ledger.read_text()) == 3
+        assert venv.worker_restarts == (0, 2)

@@ -134,8 +134,10 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     """The outcome of one command: per-env infos/values, and errors of envs that raised.
 
     ``infos`` and ``values`` are aligned with ``env_ids``; ``observations`` is set only
-    for observation spaces that are not in shared memory. ``progressed`` is false when
-    no env did real work (only autoresets and restart notices): a crash loop.
+    for observation spaces that are not in shared memory. ``progressed``: an env of the
+    reply completed a real step (not an autoreset nor a restart notice); only that ends
+    a run of failures (``max_restarts``), so any other reply (a reset, a call, an error)
+    leaves it false.
     ``busy`` is the seconds the host spent running envs since its previous reply.
     ``reward_dtype`` (batched envs only) is the numpy dtype of the rewards its batched
     envs returned so far (``"<f4"``), which the agent's results keep.
@@ -147,7 +149,7 @@ class Reply(msgspec.Struct, array_like=True, tag=True):
     values: Any = None
     observations: Any = None
     errors: Union[list[ErrorInfo], None] = None
-    progressed: bool = True
+    progressed: bool = False
     busy: float = 0.0
     reward_dtype: Union[str, None] = None
 

@@ -86,6 +86,11 @@ class AsyncEnvServer:
         """Whether some env has a command queued or running."""
         return any(self._queues[env_id] for env_id in self.runners)
 
+    def owes_replies(self) -> bool:
+        """Whether a reply is still to come without a new command: an env busy, or
+        finished steps whose flush waits for the loop's next turn."""
+        return self._flush_scheduled or self.busy()
+
     def retire(self) -> list[asyncio.Task[None]]:
         """Cancel every runner (idle ones on a loop being left, or all at shutdown)."""
         if self._finished_steps:  # its flush was scheduled on the loop being left
@@ -151,7 +156,7 @@ class AsyncEnvServer:
         for command, position in self._queues[env_id]:
             failed = error(command)
             if type(command) is Step:
-                self._emit(Reply(command.seq, [env_id], errors=[failed], progressed=False))
+                self._emit(Reply(command.seq, [env_id], errors=[failed]))
             else:
                 self._part_done(command, position, Reply(command.seq, [env_id], errors=[failed]))
 
@@ -351,6 +356,11 @@ class AsyncBlockServer:
         """Whether some block has a command queued or running."""
         return any(self._queues[first_row] for first_row in self.runners)
 
+    def owes_replies(self) -> bool:
+        """Whether a reply is still to come without a new command (a block's replies
+        leave as it finishes: only a busy block owes one)."""
+        return self.busy()
+
     def retire(self) -> list[asyncio.Task[None]]:
         """Cancel every runner."""
         runners = list(self.runners.values())
@@ -419,7 +429,7 @@ class AsyncBlockServer:
         error = error_of(command)
         error.env_ids = rows
         if isinstance(command, Step):
-            return Reply(command.seq, rows, errors=[error], progressed=False)
+            return Reply(command.seq, rows, errors=[error])
         self._gathering.pop(command.seq, None)
         return Reply(command.seq, command.env_ids, errors=[error])
 

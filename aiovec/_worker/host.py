@@ -357,7 +357,8 @@ class HostState:
     ) -> Reply:
         """The reply to a reset, call or set_attr: ``results`` in ``command``'s env order
         (reset infos, call values), the errors of the envs that failed, and after a
-        reset the observations that travel in replies."""
+        reset the observations that travel in replies. It never counts as progress:
+        only a successful step ends a run of failures (see ``max_restarts``)."""
         env_ids = command.env_ids
         is_reset = isinstance(command, Reset)
         return Reply(

@@ -121,11 +121,12 @@ class CoroutineBackend(LocalBackend):
     def poll(self) -> list[WorkerEvent]:
         if not self._inbox and self._loop is not None and self._loop is self._private_loop:
             # Envs started from synchronous code live on the private loop, which runs only
-            # during calls: give it one turn, so that recv_nowait() polling makes progress.
+            # during calls: give it one turn, so that recv_nowait() polling makes progress
+            # (also once every env is done: their replies may wait for a flush there).
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
-                if self._server.busy() and not self._loop.is_closed():
+                if self._server.owes_replies() and not self._loop.is_closed():
                     self._loop.run_until_complete(asyncio.sleep(0))
         messages, self._inbox = self._inbox, []
         return messages
