@@ -110,6 +110,35 @@ def resolve_env_ids(env_ids: Any, num_envs: int) -> list[int]:
     return ids
 
 
+def env_id_rows(env_ids: Any, num_envs: int, *, distinct: bool = True) -> np.ndarray:
+    """``env_ids`` of a learning-side call (a replay buffer's or a transition
+    assembler's) as an int64 array of ids in ``0 .. num_envs - 1`` (distinct unless
+    ``distinct=False``: ``ReplayBuffer.add`` takes an env's consecutive transitions in
+    one call); empty is fine. Else a TypeError (a boolean mask, non-integers) or
+    ValueError (out of range, duplicates) naming what is wrong; it reads nothing but its
+    arguments, so a caller that checks first changes nothing on a refusal."""
+    given = np.asarray(env_ids)
+    if given.dtype == np.bool_:
+        raise TypeError("env_ids is a boolean mask; pass the ids it selects: np.flatnonzero(mask)")
+    if given.ndim != 1 or (given.size and given.dtype.kind not in "iu"):
+        raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
+    rows = given.astype(np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= num_envs):
+        # A negative id would silently index from the end (-1: the last env).
+        raise ValueError(
+            f"env_ids must be ids in 0..{num_envs - 1} (the {num_envs} envs this was built "
+            f"for), got {env_ids!r}"
+        )
+    if distinct:
+        ids, counts = np.unique(rows, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"env_ids contain duplicates: {brief(ids[counts > 1].tolist())}; give each "
+                "env once per call"
+            )
+    return rows
+
+
 def block_autoreset_mode(
     descriptions: list[EnvDescription], requested: AutoresetMode | None
 ) -> AutoresetMode:

@@ -26,6 +26,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import create_empty_array
 
+from aiovec._checks import env_id_rows
 from aiovec._episode_marks import autoreset_mode_of, check_autoreset_mode, info_mask
 from aiovec._transport.spaces import batch_checker, is_shareable, read_rows, write_rows
 
@@ -162,6 +163,7 @@ class ReplayBuffer:
         self._has_action = np.zeros(num_envs, dtype=np.bool_)
         self._check_actions = batch_checker(action_space)
         self._check_observations = batch_checker(observation_space, "observations")
+        self._check_next_observations = batch_checker(observation_space, "next_observations")
         self._after_end = np.zeros(num_envs, dtype=np.bool_)
         self._last_slot = np.full(num_envs, -1, dtype=np.int64)
         self._last_stamp = np.full(num_envs, -1, dtype=np.int64)
@@ -284,30 +286,58 @@ class ReplayBuffer:
         env_ids: Sequence[int] | np.ndarray | None = None,
         episode_starts: Any = None,
     ) -> None:
-        """Add ready-made transitions (batches with one row per transition). Give
-        ``env_ids`` (which env each row came from, in time order per env) to link
+        """Add ready-made transitions, one row per transition in every field.
+
+        The rows of ``rewards`` (a 1-D array) are the transitions: every other field
+        (each leaf of Dict/Tuple observations, and ``env_ids`` and ``episode_starts``
+        when given) must have as many rows, never one to broadcast. Observations and
+        actions are checked as :meth:`reset` and :meth:`sent` check them (shape, kind of
+        numbers, a discrete space's range), env ids as :meth:`sent` does except that
+        they may repeat. Everything is checked before anything is written: a refused
+        call (ValueError or TypeError naming the field) leaves the buffer as it was.
+
+        Give ``env_ids`` (which env each row came from, in time order per env) to link
         consecutive transitions for n-step returns; a row whose ``episode_starts`` is
         True (its observation begins an episode: after a reset or a restart) is never
         linked to its env's previous transition."""
-        count = len(np.asarray(rewards))
-        ids = None if env_ids is None else np.asarray(env_ids, dtype=np.int64)
-        if ids is not None and len(ids) != count:
-            raise ValueError(f"env_ids has {len(ids)} entries for {count} transitions")
-        starts = None if episode_starts is None else np.asarray(episode_starts, dtype=np.bool_)
-        if starts is not None and starts.shape != (count,):
+        rewards = np.asarray(rewards)
+        if rewards.ndim != 1:
             raise ValueError(
-                f"episode_starts has shape {starts.shape} for {count} transitions: give one "
-                "flag per transition"
+                f"rewards must be a 1-D array, one reward per transition (its rows are the "
+                f"transitions), got shape {rewards.shape}"
             )
+        if rewards.dtype.kind not in "biuf":
+            raise TypeError(f"rewards must be numbers, got dtype {rewards.dtype}")
+        count = len(rewards)
+        # Row counts first, every field: the clearest message for a misaligned batch.
+        _check_rows(self.observation_space, observations, count, "observations")
+        _check_rows(self.action_space, actions, count, "actions")
+        _check_rows(self.observation_space, next_observations, count, "next_observations")
+        flags = {"terminations": terminations, "truncations": truncations}
+        if episode_starts is not None:
+            flags["episode_starts"] = episode_starts
+        if env_ids is not None:
+            flags["env_ids"] = env_ids
+        for name, flag in flags.items():
+            _check_rows(None, flag, count, name)
+            if np.ndim(flag) != 1:
+                raise ValueError(
+                    f"{name} has shape {np.shape(flag)} for {count} transitions: give one "
+                    "value per transition"
+                )
+        checked_observations, _ = self._check_observations(observations, count)
+        checked_actions, _ = self._check_actions(actions, count)
+        checked_next, _ = self._check_next_observations(next_observations, count)
+        ids = None if env_ids is None else env_id_rows(env_ids, self.num_envs, distinct=False)
         self._insert(
             ids,
-            observations,
-            actions,
-            np.asarray(rewards),
-            next_observations,
+            _arrays(checked_observations),
+            _arrays(checked_actions),
+            rewards,
+            _arrays(checked_next),
             np.asarray(terminations, dtype=np.bool_),
             np.asarray(truncations, dtype=np.bool_),
-            starts,
+            None if episode_starts is None else np.asarray(episode_starts, dtype=np.bool_),
         )
 
     def add_chunk(self, chunk: Any) -> None:
@@ -555,19 +585,7 @@ class ReplayBuffer:
     def _rows(self, env_ids: Sequence[int] | np.ndarray | None) -> Any:
         if env_ids is None:
             return np.arange(self.num_envs)
-        given = np.asarray(env_ids)
-        if given.dtype == np.bool_:
-            raise TypeError(
-                "env_ids is a boolean mask; pass the ids it selects: np.flatnonzero(mask)"
-            )
-        if given.ndim != 1 or (given.size and given.dtype.kind not in "iu"):
-            raise TypeError(f"env_ids must be a 1-D sequence of ints, got {env_ids!r}")
-        rows = given.astype(np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= self.num_envs):
-            raise ValueError(f"env_ids must be ids in 0..{self.num_envs - 1}, got {env_ids!r}")
-        if len(np.unique(rows)) != len(rows):
-            raise ValueError(f"env_ids contain duplicates: {rows.tolist()}")
-        return rows
+        return env_id_rows(env_ids, self.num_envs)
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -780,6 +798,42 @@ def _first_leaf(batch: Any) -> Any:
     while isinstance(batch, (dict, tuple)) and not isinstance(batch, np.ndarray):
         batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
     return batch
+
+
+def _check_rows(space: spaces.Space[Any] | None, batch: Any, count: int, path: str) -> None:
+    """Raise ValueError unless every leaf of ``batch`` (laid out as ``space``; ``None``:
+    one array) has ``count`` rows. Leaves the space lacks, or a batch not shaped like the
+    space, are left to the space's own checker (it names what is wrong)."""
+    if isinstance(space, spaces.Dict) and isinstance(batch, dict):
+        for key, sub in space.spaces.items():
+            if key in batch:
+                _check_rows(sub, batch[key], count, f"{path}[{key!r}]")
+        return
+    if isinstance(space, spaces.Tuple) and isinstance(batch, (tuple, list)):
+        for index, (sub, item) in enumerate(zip(space.spaces, batch)):
+            _check_rows(sub, item, count, f"{path}[{index}]")
+        return
+    try:
+        rows = len(batch)
+    except TypeError:  # a scalar, a 0-d array
+        raise ValueError(
+            f"{path} has no rows (a {type(batch).__name__}) for {count} transitions (the rows "
+            "of rewards): give every field one row per transition"
+        ) from None
+    if rows != count:
+        raise ValueError(
+            f"{path} has {rows} row{'' if rows == 1 else 's'} for {count} transitions (the "
+            "rows of rewards): give every field one row per transition"
+        )
+
+
+def _arrays(batch: Any) -> Any:
+    """A checked batch with numpy arrays for leaves (the checker keeps a caller's list)."""
+    if isinstance(batch, dict):
+        return {key: _arrays(value) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_arrays(value) for value in batch)
+    return np.asarray(batch)
 
 
 def _with_final(space: spaces.Space[Any], observations: Any, finals: Any, mask: Any) -> Any:

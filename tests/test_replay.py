@@ -527,3 +527,108 @@ def test_rewards_keep_float64_precision_when_asked(tmp_path, kind):
     for refused in (np.int32, None, np.float16, np.longdouble, ">f8"):
         with pytest.raises(TypeError, match="reward_dtype"):
             kind(8, OBS, ACT, reward_dtype=refused)
+
+
+_STATE = ("observations", "actions", "rewards", "next_observations", "terminations")
+_STATE += ("truncations", "successors", "stamps", "_last_slot", "_last_stamp", "inserted")
+
+
+def _snapshot(buffer: ReplayBuffer) -> dict:
+    return {name: np.copy(getattr(buffer, name)) for name in _STATE}
+
+
+def _assert_unchanged(buffer: ReplayBuffer, before: dict) -> None:
+    after = _snapshot(buffer)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", [ReplayBuffer, PrioritizedReplayBuffer])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("observations", np.zeros((1, 2), np.float32), r"observations has 1 rows? for 2"),
+        ("next_observations", np.zeros((1, 2), np.float32), r"next_observations has 1 rows? for 2"),
+        ("next_observations", np.zeros((3, 2), np.float32), r"next_observations has 3 rows for 2"),
+        ("actions", np.zeros(1, np.int64), r"actions has 1 rows? for 2"),
+        ("actions", np.zeros(3, np.int64), r"actions has 3 rows for 2"),
+        ("terminations", np.zeros(1, bool), r"terminations has 1 rows? for 2"),
+        ("truncations", np.zeros(3, bool), r"truncations has 3 rows for 2"),
+        ("truncations", np.bool_(False), r"truncations has no rows"),
+        ("episode_starts", np.zeros(3, bool), r"episode_starts has 3 rows for 2"),
+        ("env_ids", [0, 1, 0], r"env_ids has 3 rows for 2"),
+    ],
+)
+def test_add_refuses_a_field_without_one_row_per_transition_and_writes_nothing(
+    kind, field, value, message
+):
+    # The rows of rewards are the transitions: a field of one row is never broadcast,
+    # and a refused add leaves the buffer as it was, even once it has wrapped.
+    buffer = kind(2, OBS, ACT, num_envs=2)
+    buffer.add(**_transitions(2, env_ids=[0, 1]))
+    before = _snapshot(buffer)
+    given = _transitions(2, env_ids=[0, 1]) | {field: value}
+    with pytest.raises(ValueError, match=message):
+        buffer.add(**given)
+    _assert_unchanged(buffer, before)
+
+
+@pytest.mark.parametrize("kind", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_add_counts_transitions_by_the_rows_of_rewards(kind):
+    buffer = kind(2, OBS, ACT)
+    buffer.add(**_transitions(2))
+    before = _snapshot(buffer)
+    # 3 rewards for 2 of everything else: each other field is named, not sliced to fit.
+    with pytest.raises(ValueError, match=r"observations has 2 rows for 3 transitions"):
+        buffer.add(**_transitions(2) | {"rewards": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=r"rewards must be a 1-D"):
+        buffer.add(**_transitions(2) | {"rewards": np.zeros((2, 1), np.float32)})
+    _assert_unchanged(buffer, before)
+
+
+def test_add_checks_every_leaf_of_dict_and_tuple_spaces():
+    observation_space = spaces.Dict(
+        {"a": spaces.Box(-1, 1, (1,)), "b": spaces.Tuple((spaces.Discrete(3), OBS))}
+    )
+    buffer = ReplayBuffer(4, observation_space, ACT)
+
+    def observations(rows_of_leaf):
+        return {
+            "a": np.zeros((2, 1), np.float32),
+            "b": (np.zeros(2, np.int64), np.zeros((rows_of_leaf, 2), np.float32)),
+        }
+
+    fields = dict(
+        actions=np.zeros(2, np.int64),
+        rewards=np.zeros(2, np.float32),
+        terminations=np.zeros(2, bool),
+        truncations=np.zeros(2, bool),
+    )
+    with pytest.raises(ValueError, match=r"next_observations\['b'\]\[1\] has 1 row for 2"):
+        buffer.add(observations(2), next_observations=observations(1), **fields)
+    with pytest.raises(ValueError, match=r"observations\['b'\]\[1\] has 3 rows for 2"):
+        buffer.add(observations(3), next_observations=observations(2), **fields)
+    assert len(buffer) == 0 and buffer.inserted == 0
+    buffer.add(observations(2), next_observations=observations(2), **fields)
+    assert len(buffer) == 2
+
+
+@pytest.mark.parametrize("kind", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_add_checks_values_against_the_spaces_and_env_ids_like_sent(kind):
+    buffer = kind(2, OBS, ACT, num_envs=2)
+    buffer.add(**_transitions(2, env_ids=[0, 1]))
+    before = _snapshot(buffer)
+    with pytest.raises(ValueError, match=r"actions: values \[7\] are outside Discrete\(2\)"):
+        buffer.add(**_transitions(2) | {"actions": np.array([0, 7])})
+    with pytest.raises(ValueError, match=r"next_observations: expected shape \(2, 2\)"):
+        buffer.add(**_transitions(2) | {"next_observations": np.zeros((2, 3), np.float32)})
+    with pytest.raises(ValueError, match=r"env_ids must be ids in 0..1"):
+        buffer.add(**_transitions(2, env_ids=[0, 2]))
+    with pytest.raises(ValueError, match=r"env_ids must be ids in 0..1"):
+        buffer.add(**_transitions(2, env_ids=[-1, 0]))
+    with pytest.raises(TypeError, match="1-D sequence of ints"):
+        buffer.add(**_transitions(2, env_ids=[0.0, 1.0]))
+    _assert_unchanged(buffer, before)
+    # An env's consecutive transitions may come in one call: repeated ids are fine here.
+    buffer.add(**_transitions(2, env_ids=[1, 1]))
+    assert buffer.successors[buffer.stamps.argmin()] == buffer.stamps.argmax()
