@@ -30,8 +30,12 @@ from aiovec._checks import env_id_rows
 from aiovec._episode_marks import autoreset_mode_of, check_autoreset_mode, info_mask
 from aiovec._transport.spaces import batch_checker, is_shareable, read_rows, write_rows
 
-#: Version of the ``.npz`` layout written by :meth:`ReplayBuffer.save`.
-FORMAT_VERSION = 1
+#: Version of the ``.npz`` layout written by :meth:`ReplayBuffer.save`. Format 2 escapes
+#: "." (and "%") in Dict keys, so each leaf has a name of its own; format 1 joined keys
+#: as they were (``{"a.b": ..}`` and ``{"a": {"b": ..}}`` both ``observations.a.b``).
+FORMAT_VERSION = 2
+#: The formats :meth:`ReplayBuffer.load` reads.
+_READABLE_FORMATS = (1, 2)
 #: What :meth:`ReplayBuffer.save` writes: plain arrays, and batches laid out from a space.
 _SAVED_ARRAYS = (
     "rewards",
@@ -531,7 +535,7 @@ class ReplayBuffer:
         for name in _SAVED_ARRAYS:
             arrays[name] = getattr(self, name)
         for name in _SAVED_BATCHES:
-            _flatten(arrays, name, getattr(self, name))
+            _flatten(arrays, name, getattr(self, name), name)
         arrays.update(self._extra_state())
         with open(path, "wb") as file:  # exactly this path: np.savez would append .npz
             # cast: numpy's stub reads a key of **arrays as its allow_pickle: bool
@@ -544,12 +548,16 @@ class ReplayBuffer:
     def load(
         cls, path: str | Path, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
     ) -> ReplayBuffer:
-        """A buffer saved by :meth:`save`, for the same spaces."""
+        """A buffer saved by :meth:`save`, for the same spaces (files of every earlier
+        format too, but for a format-1 file that stored two leaves of a Dict under one
+        name, which lost one of them: a ``ValueError`` names it)."""
         with np.load(path, allow_pickle=False) as data:
-            if int(data["format_version"]) != FORMAT_VERSION:
+            version = int(data["format_version"])
+            if version not in _READABLE_FORMATS:
                 raise ValueError(
-                    f"{path} is replay-buffer format {int(data['format_version'])}; this "
-                    f"aiovec reads format {FORMAT_VERSION}"
+                    f"{path} is replay-buffer format {version}; this aiovec reads formats "
+                    f"{', '.join(map(str, _READABLE_FORMATS))}: load it with the aiovec that "
+                    "saved it"
                 )
             if str(data["kind"]) != cls.__name__:
                 raise ValueError(f"{path} holds a {data['kind']}, not a {cls.__name__}")
@@ -571,7 +579,8 @@ class ReplayBuffer:
                     raise ValueError(f"{path}: {name} has shape {data[name].shape}")
                 target[...] = data[name]
             for name in _SAVED_BATCHES:
-                _unflatten(data, name, getattr(buffer, name))
+                names: dict[str, str] = {}  # saved name -> leaf path, to see a format-1 clash
+                _unflatten(data, name, getattr(buffer, name), version, names, name)
             buffer._restore(data)
         return buffer
 
@@ -854,25 +863,51 @@ def _stack_one(space: spaces.Space[Any], value: Any) -> Any:
     return np.asarray(value, dtype=space.dtype)[None]
 
 
-def _flatten(arrays: dict[str, np.ndarray], name: str, buffer: Any) -> None:
+def _saved_key(key: Any, version: int = FORMAT_VERSION) -> str:
+    """A Dict key as a part of a saved name, where "." joins the parts: from format 2 on,
+    "%" and "." in it are escaped (percent-encoded), so no two paths share a name."""
+    text = str(key)
+    return text if version < 2 else text.replace("%", "%25").replace(".", "%2E")
+
+
+def _flatten(arrays: dict[str, np.ndarray], name: str, buffer: Any, path: str) -> None:
+    """Add each leaf array of ``buffer`` to ``arrays`` under its saved name."""
     if isinstance(buffer, np.ndarray):
+        if name in arrays:  # only Dict keys that print alike (0 and "0") get here
+            raise ValueError(
+                f"cannot save {path}: its name in the file, {name!r}, is taken by another leaf "
+                "of the space (Dict keys that print alike, such as 0 and '0'); give the Dict "
+                "keys distinct strings"
+            )
         arrays[name] = buffer
     elif isinstance(buffer, dict):
         for key, sub in buffer.items():
-            _flatten(arrays, f"{name}.{key}", sub)
+            _flatten(arrays, f"{name}.{_saved_key(key)}", sub, f"{path}[{key!r}]")
     else:
         for index, sub in enumerate(buffer):
-            _flatten(arrays, f"{name}.{index}", sub)
+            _flatten(arrays, f"{name}.{index}", sub, f"{path}[{index}]")
 
 
-def _unflatten(data: Any, name: str, buffer: Any) -> None:
+def _unflatten(
+    data: Any, name: str, buffer: Any, version: int, names: dict[str, str], path: str
+) -> None:
+    """Fill ``buffer``'s leaves from their saved names in a file of format ``version``."""
     if isinstance(buffer, np.ndarray):
+        if name in names:  # format 1: two leaves written under one name, one overwritten
+            raise ValueError(
+                f"this file (replay-buffer format {version}) holds one array, {name!r}, for "
+                f"both {names[name]} and {path}: one of them was lost when it was saved (Dict "
+                "keys with '.'); it cannot be loaded, save such a buffer with this aiovec"
+            )
+        names[name] = path
         if data[name].shape != buffer.shape:
             raise ValueError(f"{name} has shape {data[name].shape}, expected {buffer.shape}")
         buffer[...] = data[name]
     elif isinstance(buffer, dict):
         for key, sub in buffer.items():
-            _unflatten(data, f"{name}.{key}", sub)
+            _unflatten(
+                data, f"{name}.{_saved_key(key, version)}", sub, version, names, f"{path}[{key!r}]"
+            )
     else:
         for index, sub in enumerate(buffer):
-            _unflatten(data, f"{name}.{index}", sub)
+            _unflatten(data, f"{name}.{index}", sub, version, names, f"{path}[{index}]")

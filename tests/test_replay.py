@@ -632,3 +632,68 @@ def test_add_checks_values_against_the_spaces_and_env_ids_like_sent(kind):
     # An env's consecutive transitions may come in one call: repeated ids are fine here.
     buffer.add(**_transitions(2, env_ids=[1, 1]))
     assert buffer.successors[buffer.stamps.argmin()] == buffer.stamps.argmax()
+
+
+DOTTED = spaces.Dict(
+    {
+        "a.b": spaces.Box(-10, 10, (1,)),
+        "a": spaces.Dict({"b": spaces.Box(-10, 10, (1,)), "c%2Ed": spaces.Discrete(3)}),
+        "c.d": spaces.Tuple((spaces.Discrete(3), spaces.Box(-10, 10, (1,)))),
+    }
+)
+
+
+def _dotted(value: float) -> dict:
+    column = np.array([[value]], np.float32)
+    return {
+        "a.b": column,
+        "a": {"b": column + 1, "c%2Ed": np.array([1])},
+        "c.d": (np.array([2]), column + 2),
+    }
+
+
+@pytest.mark.parametrize("kind", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_dict_keys_with_dots_are_saved_each_under_its_own_name(kind, tmp_path):
+    # {"a.b": ..., "a": {"b": ...}} are two leaves: both come back, whatever the keys hold.
+    buffer = kind(4, DOTTED, ACT, num_envs=1)
+    buffer.add(_dotted(1.0), np.array([0]), np.array([0.0]), _dotted(5.0), [False], [False])
+    buffer.save(tmp_path / "dotted.npz")
+    loaded = kind.load(tmp_path / "dotted.npz", DOTTED, ACT)
+    for name in ("observations", "next_observations"):
+        _assert_tree_equal(getattr(loaded, name), getattr(buffer, name))
+    assert loaded.observations["a.b"][0] == 1.0 and loaded.observations["a"]["b"][0] == 2.0
+
+
+def _as_format_1(path, tmp_path):
+    """The file ``path`` as aiovec's format 1 wrote it: Dict keys joined with "." as
+    they are, unescaped."""
+    with np.load(path) as data:
+        arrays = {name.replace("%2E", ".").replace("%25", "%"): data[name] for name in data}
+    arrays["format_version"] = np.array(1)
+    old = tmp_path / "format1.npz"
+    np.savez(old, **arrays)
+    return old
+
+
+def test_files_of_format_1_still_load_unless_they_lost_a_leaf(tmp_path):
+    space = spaces.Dict({"a.b": spaces.Box(-10, 10, (1,)), "c": spaces.Box(-10, 10, (1,))})
+    buffer = ReplayBuffer(4, space, ACT)
+    one = {"a.b": np.array([[1.0]], np.float32), "c": np.array([[2.0]], np.float32)}
+    buffer.add(one, np.array([1]), np.array([3.0]), one, [True], [False])
+    buffer.save(tmp_path / "new.npz")
+    loaded = ReplayBuffer.load(_as_format_1(tmp_path / "new.npz", tmp_path), space, ACT)
+    _assert_tree_equal(loaded.observations, buffer.observations)
+    # Format 1 stored "a.b" and "a" -> "b" under one name: one of them is gone for good.
+    dotted = ReplayBuffer(4, DOTTED, ACT)
+    dotted.save(tmp_path / "dotted.npz")
+    with pytest.raises(ValueError, match=r"observations\.a\.b.*lost"):
+        ReplayBuffer.load(_as_format_1(tmp_path / "dotted.npz", tmp_path), DOTTED, ACT)
+
+
+def test_dict_keys_that_would_share_a_saved_name_are_refused_on_save(tmp_path):
+    # A Dict may hold 0 and "0": both print as "0", so saving refuses rather than lose one.
+    space = spaces.Dict({0: spaces.Box(-1, 1, (1,)), "0": spaces.Box(-1, 1, (1,))})
+    buffer = ReplayBuffer(2, space, ACT)
+    with pytest.raises(ValueError, match=r"'0'.*0|0.*'0'"):
+        buffer.save(tmp_path / "clash.npz")
+    assert not (tmp_path / "clash.npz").exists()
