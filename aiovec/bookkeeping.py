@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from aiovec._checks import check_count, env_id_rows
 from aiovec._episode_marks import autoreset_mode_of, check_autoreset_mode, info_mask
 from aiovec.vector_env import Batch
 
@@ -196,19 +197,33 @@ class TransitionAssembler:
         return cls(env.num_envs, autoreset_mode_of(env) or AutoresetMode.NEXT_STEP)
 
     def reset(self, observations: Any, env_ids: Sequence[int] | None = None) -> None:
-        """Record reset observations (a batch, in the order of ``env_ids``, default all)."""
-        ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
-        for row, env_id in enumerate(ids):
-            self._observation[env_id] = _row(observations, row, len(ids))
+        """Record reset observations (a batch, in the order of ``env_ids``, default all).
+
+        ``env_ids`` are checked as :meth:`aiovec.ReplayBuffer.reset` checks them
+        (distinct ids in range, not a boolean mask), and the batch split by env, before
+        anything is recorded."""
+        ids = self._ids(env_ids)
+        rows = [_row(observations, row, len(ids)) for row in range(len(ids))]
+        for env_id, observation in zip(ids, rows):
+            self._observation[env_id] = observation
             self._after_end[env_id] = False
             self._starts_episode[env_id] = True
 
     def sent(self, actions: Any, env_ids: Sequence[int] | None = None) -> None:
-        """Record the actions sent to ``env_ids`` (default all), in that order."""
-        ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
-        for row, env_id in enumerate(ids):
-            self._action[env_id] = _row(actions, row, len(ids))
+        """Record the actions sent to ``env_ids`` (default all), in that order; checked
+        as :meth:`reset` checks its arguments, before anything is recorded."""
+        ids = self._ids(env_ids)
+        rows = [_row(actions, row, len(ids)) for row in range(len(ids))]
+        for env_id, action in zip(ids, rows):
+            self._action[env_id] = action
             self._has_action[env_id] = True
+
+    def _ids(self, env_ids: Sequence[int] | np.ndarray | None) -> list[int]:
+        if env_ids is None:
+            return list(range(self.num_envs))
+        # The replay buffer's checks and messages: a -1 would record env num_envs - 1.
+        ids: list[int] = env_id_rows(env_ids, self.num_envs).tolist()
+        return ids
 
     def received(self, batch: Batch) -> None:
         """Turn a batch of results into transitions.
@@ -279,11 +294,16 @@ class TransitionAssembler:
         return np.array([len(queue) for queue in self._transitions])
 
     def take(self, length: int, env_ids: Sequence[int] | None = None) -> Chunk | None:
-        """The oldest ``length`` transitions of each env in ``env_ids`` (default: every env
-        that has that many), removed from the assembler; ``None`` if no env has enough."""
+        """The oldest ``length`` transitions (at least 1) of each env in ``env_ids``
+        (default: every env that has that many), removed from the assembler; ``None`` if
+        no env has enough. Nothing is removed unless every argument checks out (``env_ids``
+        as in :meth:`sent`) and each env in ``env_ids`` has ``length`` transitions."""
+        # A chunk of 0 transitions would have no rows to take its fields' shapes from.
+        check_count("length", length, 1)
         if env_ids is None:
             env_ids = [i for i in range(self.num_envs) if len(self._transitions[i]) >= length]
         else:
+            env_ids = self._ids(env_ids)
             short = [i for i in env_ids if len(self._transitions[i]) < length]
             if short:
                 raise ValueError(f"envs {short} have fewer than {length} transitions")

@@ -537,3 +537,62 @@ def test_readers_built_for_an_env_take_its_autoreset_mode():
         assert EpisodeStatistics.for_env(envs).autoreset_mode is mode
         assert TransitionAssembler.for_env(envs).num_envs == 2
         envs.close()
+
+
+BAD_ENV_IDS = [
+    ([-1], [3], ValueError, r"env_ids must be ids in 0\.\.3"),
+    ([4], [3], ValueError, r"env_ids must be ids in 0\.\.3"),
+    (np.array([False, True, False, True]), [1, 2], TypeError, "flatnonzero"),
+    ([True, False], [1, 2], TypeError, "flatnonzero"),
+    ([2, 2], [1, 4], ValueError, r"duplicates: \[2\]"),
+    ([1.7], [2], TypeError, "1-D sequence of ints"),
+    (np.array([[0, 1]]), [[1, 2]], TypeError, "1-D sequence of ints"),
+]
+
+
+@pytest.mark.parametrize("env_ids, rows, error, message", BAD_ENV_IDS)
+def test_assembler_refuses_env_ids_the_replay_buffer_refuses_and_records_nothing(
+    env_ids, rows, error, message
+):
+    # The same checks and messages as ReplayBuffer.sent/reset, before any env's state moves.
+    assembler = TransitionAssembler(NUM_ENVS)
+    buffer = aiovec.ReplayBuffer(8, gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(5), num_envs=4)
+    observations = np.arange(NUM_ENVS, dtype=np.float32)[:, None]
+    assembler.reset(observations)
+    buffer.reset(observations)
+    assembler.sent(np.zeros(NUM_ENVS, np.int64))
+    before = (list(assembler._observation), list(assembler._action), list(assembler._has_action))
+    for call in ("sent", "reset"):
+        batch = np.array(rows, np.float32 if call == "reset" else np.int64)
+        with pytest.raises(error, match=message) as replay_error:
+            getattr(buffer, call)(batch, env_ids)
+        with pytest.raises(error, match=message) as assembler_error:
+            getattr(assembler, call)(batch, env_ids)
+        assert str(assembler_error.value) == str(replay_error.value)
+    after = (list(assembler._observation), list(assembler._action), list(assembler._has_action))
+    assert after == before
+
+
+def test_assembler_take_refuses_a_length_below_one_and_bad_env_ids():
+    assembler = TransitionAssembler(2)
+    _one_transition_each_of(assembler, 2)
+    for length, error in ((0, ValueError), (-2, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match=r"length must be an int >= 1"):
+            assembler.take(length)
+    with pytest.raises(ValueError, match=r"env_ids must be ids in 0\.\.1"):
+        assembler.take(1, [-1])
+    with pytest.raises(ValueError, match="duplicates"):
+        assembler.take(1, [0, 0])
+    assert assembler.available().tolist() == [1, 1]  # nothing was taken by a refused call
+    chunk = assembler.take(1, np.array([1]))
+    assert chunk.env_ids.tolist() == [1] and assembler.available().tolist() == [1, 0]
+
+
+def _one_transition_each_of(assembler, num_envs):
+    ids = np.arange(num_envs)
+    assembler.reset(np.zeros((num_envs, 1), np.float32))
+    assembler.sent(np.zeros(num_envs, np.int64))
+    zeros = np.zeros(num_envs, bool)
+    assembler.received(
+        aiovec.Batch(np.ones((num_envs, 1)), np.ones(num_envs), zeros, zeros, {}, ids)
+    )
