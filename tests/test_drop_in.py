@@ -107,6 +107,45 @@ def test_an_env_exception_is_caught_by_its_own_class(backend):
         assert "in step" in caught.value.worker_traceback
 
 
+class _RetryableError(RuntimeError):
+    """Sets an attribute of its own in ``__init__``, as many libraries' errors do."""
+
+    def __init__(self, message, retryable=True):
+        super().__init__(message)
+        self.retryable = retryable
+        self.handle = __import__("threading").Lock()  # cannot travel: left out
+
+
+class _AttributeErrorEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
+    def step(self, action):
+        if action:
+            import subprocess
+
+            raise subprocess.CalledProcessError(3, ["sim", "--fast"], output=b"log")
+        raise _RetryableError("solver diverged")
+
+
+def test_an_env_exceptions_own_attributes_reach_the_caller(backend):
+    """Gymnasium re-creates the env's exception, so what its ``__init__`` sets is
+    there (``CalledProcessError.returncode``, a library's ``retryable``); aiovec's
+    EnvError of that class carries the attributes that can travel, its own kept."""
+    import subprocess
+
+    import aiovec
+
+    with aiovec.VecEnv([_AttributeErrorEnv] * 2, backend=backend) as venv:
+        venv.reset()
+        with pytest.raises(_RetryableError) as caught:
+            venv.step([0, 0])
+        assert caught.value.retryable is True and not hasattr(caught.value, "handle")
+        assert caught.value.env_index == 0 and "solver diverged" in str(caught.value)
+        venv.reset()
+        with pytest.raises(subprocess.CalledProcessError) as failed:
+            venv.step([1, 1])
+        assert (failed.value.returncode, failed.value.cmd) == (3, ["sim", "--fast"])
+        assert failed.value.output == b"log" and failed.value.env_index == 0
+
+
 class _PickyError(Exception):
     """An exception class whose ``__new__`` needs its arguments, as ExceptionGroup's."""
 

@@ -110,6 +110,9 @@ class ErrorInfo(msgspec.Struct, array_like=True):
     exc_module: Union[str, None] = None
     #: Every env this one error stands for (the rows of a batched env); ``None``: ``env_id``.
     env_ids: Union[list[int], None] = None
+    #: The attributes the exception's own code set that can travel (pickled, see
+    #: :func:`exception_attributes`); the caller's error gets them back.
+    attributes: Union[bytes, None] = None
 
     def to_exception(self) -> EnvError | StepTimeoutError:
         """The exception the user sees for this error: :class:`aiovec.EnvError`, or
@@ -125,9 +128,53 @@ class ErrorInfo(msgspec.Struct, array_like=True):
             self.exc_module,
         )
         try:
-            return EnvError.create(*arguments)
+            error = EnvError.create(*arguments)
         except Exception:  # whatever the env's class does, its error reaches the caller
-            return EnvError(*arguments)
+            error = EnvError(*arguments)
+        if self.attributes is not None:
+            _restore_attributes(error, self.attributes)
+        return error
+
+
+#: Most bytes an exception's own attributes may take in an :class:`ErrorInfo`.
+MAX_ATTRIBUTE_BYTES = 1 << 20
+
+
+def exception_attributes(exc: BaseException) -> bytes | None:
+    """The attributes ``exc``'s own code set (``retryable``, ``returncode``: its
+    ``__dict__``) that can be pickled, pickled together; ``None`` when there are none,
+    or when they would take more than :data:`MAX_ATTRIBUTE_BYTES`."""
+    kept = {}
+    try:
+        for name, value in vars(exc).items():
+            if name.startswith("__"):  # __notes__ and the like: the message has them
+                continue
+            try:
+                pickle.dumps(value)
+            except Exception:  # a lock, a handle: left out, the rest travels
+                continue
+            kept[name] = value
+        data = pickle.dumps(kept) if kept else None
+    except Exception:  # an exception class whose __dict__ misbehaves: none travel
+        return None
+    return data if data is not None and len(data) <= MAX_ATTRIBUTE_BYTES else None
+
+
+def _restore_attributes(error: EnvError, data: bytes) -> None:
+    """Set on ``error`` the attributes :func:`exception_attributes` pickled, except
+    those aiovec's error has itself (``env_index``, ``exc_type``, ...)."""
+    try:
+        attributes = pickle.loads(data)
+    except Exception:  # a class this process cannot import: the error goes without
+        return
+    own = vars(error)
+    for name, value in attributes.items():
+        if name in own or hasattr(EnvError, name):
+            continue
+        try:
+            setattr(error, name, value)
+        except Exception:  # a read-only property of the env's class
+            continue
 
 
 class Reply(msgspec.Struct, array_like=True, tag=True):

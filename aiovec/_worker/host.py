@@ -35,6 +35,7 @@ from aiovec._transport.protocol import (
     Reset,
     SetAttr,
     Step,
+    exception_attributes,
     is_utf8,
 )
 from aiovec._transport.spaces import is_shareable, read_row, row_writer
@@ -128,6 +129,7 @@ def error_info(
         traceback=_sendable(_describe(exc, lambda e: "".join(traceback.format_exception(e)))),
         timeout=exc.timeout if isinstance(exc, StepTimeoutError) else None,
         exc_module=module if isinstance(module, str) else None,
+        attributes=exception_attributes(exc),
     )
     if not keep_frames:
         _drop_tracebacks(original)
