@@ -798,6 +798,12 @@ class VecEnv(SplitCalls, VectorEnv):
                     f"per-env options must have one dict per env ({self.num_envs}), "
                     f"got {len(options)}"
                 )
+            if any(isinstance(entry, Mapping) and "reset_mask" in entry for entry in options):
+                raise ValueError(
+                    "reset_mask in per-env options: each dict is its env's own, so it "
+                    "would reach the envs and every env would be reset; to reset some "
+                    "envs, give one dict: reset(options={'reset_mask': mask, ...})"
+                )
         elif isinstance(options, Mapping):
             options = dict(options)  # never modify the caller's dict
             if "reset_mask" in options:

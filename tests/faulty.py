@@ -441,3 +441,25 @@ class ResetKillsEnv(CounterEnv):
             os.kill(os.getpid(), signal.SIGKILL)
         observation, _ = super().reset(seed=seed, options=options)
         return observation, {"seed": seed}
+
+
+class FlakyAutoresetEnv(CounterEnv):
+    """A CounterEnv whose episodes end after every step (terminated), and whose
+    ``failing_reset``-th reset (counted per instance, 0: none) raises once; its
+    observation's second entry counts the resets that worked."""
+
+    def __init__(self, env_index: int = 0, failing_reset: int = 0) -> None:
+        super().__init__(env_index)
+        self.failing_reset, self.resets, self.good_resets = failing_reset, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        if self.resets == self.failing_reset:
+            raise RuntimeError(f"env {self.env_index}: reset {self.resets} failed")
+        self.good_resets += 1
+        super().reset(seed=seed, options=options)
+        return np.array([self.env_index, 100.0 * self.good_resets]), {}
+
+    def step(self, action):
+        observation, reward, _, truncated, info = super().step(action)
+        return observation, reward, True, truncated, info

@@ -958,3 +958,27 @@ def test_an_info_that_cannot_be_sent_back_fails_only_its_env(first_ready):
         assert error is not None and error.env_index == 3
         assert "could not be sent back" in str(error)
         assert {i: observation[0] for i, observation in observations.items()} == {0: 0, 1: 1, 2: 2}
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_same_step_an_env_whose_autoreset_raised_is_reset_by_its_next_step(backend):
+    """SAME_STEP autoreset: env 1's episode ends and its reset raises (the step's
+    error, ``on_failure="raise"``). Its next step resets it, as NEXT_STEP's step after an
+    episode end does (reward 0, no flags, the reset's observation), instead of stepping
+    the ended episode on (it used to: a step past termination)."""
+    from gymnasium.vector import AutoresetMode
+
+    from tests.faulty import FlakyAutoresetEnv
+
+    env_fns = [partial(FlakyAutoresetEnv, 0), partial(FlakyAutoresetEnv, 1, failing_reset=2)]
+    with aiovec.VecEnv(env_fns, backend=backend, autoreset_mode=AutoresetMode.SAME_STEP) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(RuntimeError, match="reset 2 failed"):
+            venv.step([0, 0])  # both episodes end; env 1's autoreset raises
+        observations, rewards, terminations, _, infos = venv.step([0, 0])
+        assert observations[1].tolist() == [1, 200] and rewards[1] == 0.0
+        assert not terminations[1] and not infos["_final_obs"][1]
+        assert terminations[0] and infos["_final_obs"][0]  # env 0 steps on as before
+        observations, rewards, terminations, _, infos = venv.step([0, 0])
+        assert terminations.tolist() == [True, True] and rewards.tolist() == [1.0, 1.0]
+        assert observations[1].tolist() == [1, 300]  # stepped, ended, reset again

@@ -33,6 +33,18 @@ def test_per_env_reset_options(backend):
             venv.reset(options=[{}])
 
 
+def test_a_reset_mask_inside_per_env_options_is_refused_naming_the_dict_form(backend):
+    """Per-env options are each env's own: a ``reset_mask`` there was handed to the
+    envs and every env was reset, ending the episodes the mask meant to keep."""
+    with aiovec.VecEnv([SpacesEnv] * 3, backend=backend) as venv:
+        venv.reset(seed=0)
+        mask = np.array([False, True, False])
+        with pytest.raises(ValueError, match=r"reset_mask.*options=\{'reset_mask': mask"):
+            venv.reset(options=[{"level": i, "reset_mask": mask} for i in range(3)])
+        _, infos = venv.reset(options=[{"level": i} for i in range(3)])  # still usable
+        assert infos["options"]["level"].tolist() == [0, 1, 2]
+
+
 def test_call_and_set_attr_on_some_envs(backend):
     with aiovec.make(CounterEnv, 4, env_kwargs=lambda i: {"env_index": i},
                      backend=backend) as venv:  # fmt: skip

@@ -624,3 +624,30 @@ def test_a_worker_tried_again_that_dies_again_raises_at_once(tmp_path):
             venv.reset(seed=0)  # one more worker, which dies: raised at once
         assert len(ledger.read_text()) == 3
         assert venv.worker_restarts == (0, 2)
+
+
+@pytest.mark.parametrize("fault", ["raise", "exit"])
+def test_same_step_a_restart_gives_the_ended_episodes_final_obs(fault):
+    """SAME_STEP: every env whose episode ends in a step has ``final_obs`` (and
+    ``final_info``), which code bootstrapping truncations reads (``infos["final_obs"]
+    [i]`` for each truncated ``i``); a restart ends the episode (truncated) and used to
+    give neither (KeyError). Its final observation is the last one the env returned."""
+    from gymnasium.vector import AutoresetMode
+
+    env_fns = [partial(CounterEnv, 0), partial(FaultyEnv, 1, fault=fault, at_step=2)]
+    with aiovec.VecEnv(
+        env_fns,
+        num_workers=2,
+        on_failure="restart",
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    ) as venv:
+        venv.reset(seed=0)
+        observations, *_ = venv.step([0, 0])
+        assert observations[1].tolist() == [1, 1]
+        observations, _, _, truncations, infos = venv.step([0, 0])  # env 1 fails
+        assert truncations.tolist() == [False, True] and infos["restarted"][1]
+        assert infos["_final_obs"].tolist() == [False, True]
+        assert infos["final_obs"][1].tolist() == [1, 1]  # where the episode was left
+        assert infos["_final_info"].tolist() == [False, True]
+        assert infos["final_info"]["restarted"][1]  # why the episode ended
+        assert observations[1].tolist() == [1, 0]  # the rebuilt env's reset

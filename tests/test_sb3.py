@@ -293,8 +293,8 @@ def test_the_wrapped_vector_env_keeps_gymnasiums_infos():
 
 
 def test_a_restarted_env_ends_its_episode_for_sb3(backend):
-    """With ``on_failure="restart"`` a failed env's step comes back done (truncated), its
-    rebuilt env's first observation standing in for the terminal one (SB3 needs one), and
+    """With ``on_failure="restart"`` a failed env's step comes back done (truncated), the
+    last observation the failed env returned as its terminal one (SB3 needs one), and
     the restart said in its info; the other envs' results are SB3's as usual."""
     from tests.faulty import FaultyEnv
 
@@ -302,11 +302,12 @@ def test_a_restarted_env_ends_its_episode_for_sb3(backend):
     venv = aiovec.VecEnv(env_fns, backend=backend, autoreset_mode="SameStep", on_failure="restart")
     env = SB3VecEnv(venv)
     env.reset()
-    env.step(np.array([0, 0]))
+    last, *_ = env.step(np.array([0, 0]))
     observations, _, dones, infos = env.step(np.array([0, 0]))
     assert dones.tolist() == [False, True]
     assert infos[1]["restarted"] is True and "diverged" in infos[1]["restart_reason"]
-    np.testing.assert_array_equal(infos[1]["terminal_observation"], observations[1])
+    np.testing.assert_array_equal(infos[1]["terminal_observation"], last[1])
+    assert env.reset_infos[1]["restarted"] is True  # the rebuilt env's reset says so too
     assert infos[1]["TimeLimit.truncated"] is True
     assert venv.restart_counts.tolist() == [0, 1]
     env.close()

@@ -409,6 +409,9 @@ class EnvHost(HostState):
         # env id -> (seed, options) of a reset that gave up (past max_restarts): the
         # reset that answers the env's restart notice replays them, once.
         self._owed_resets: dict[int, tuple[int | None, Any]] = {}
+        # SAME_STEP: envs whose autoreset raised (their episode ended, none began): the
+        # next step resets them, as NEXT_STEP's step after an episode end does.
+        self._failed_autoresets: set[int] = set()
         self._observation_space = next(iter(envs.values())).observation_space
         self._needs_reset = dict.fromkeys(envs, False)
         super().__init__(self._observation_space)
@@ -503,6 +506,7 @@ class EnvHost(HostState):
         # SAME_STEP mode, no episode end take the written-out path.
         notices = self._restart_notices
         next_step, same_step = self._next_step, self._same_step
+        failed_autoresets = self._failed_autoresets
         infos: list[Any] = []
         errors: list[ErrorInfo] = []
         progressed = False
@@ -516,7 +520,11 @@ class EnvHost(HostState):
                     running[previous] = 0
                 running[env_id] = 1
                 previous = env_id
-                if not notices and not (next_step and needs_reset[env_id]):
+                if (
+                    not notices
+                    and not (next_step and needs_reset[env_id])
+                    and not (failed_autoresets and env_id in failed_autoresets)
+                ):
                     try:
                         result = envs[env_id].step(action)
                         observation, reward, terminated, truncated, info = result
@@ -556,6 +564,7 @@ class EnvHost(HostState):
                         rewards[env_id] = 0.0
                         terminations[env_id] = truncations[env_id] = False
                         needs_reset[env_id] = False
+                        failed_autoresets.discard(env_id)
                     except call_errors() as exc:
                         outcome = self._recover(env_id, as_env_error(exc))
                     else:
@@ -674,9 +683,11 @@ class EnvHost(HostState):
 
     def _plain_step(self, env_id: int) -> bool:
         """Whether env ``env_id``'s next step is a real ``env.step`` (not a restart notice
-        or the reset that NEXT_STEP autoreset owes)."""
-        return env_id not in self._restart_notices and not (
-            self._next_step and self._needs_reset[env_id]
+        or the reset that NEXT_STEP autoreset, or a failed SAME_STEP one, owes)."""
+        return (
+            env_id not in self._restart_notices
+            and not (self._next_step and self._needs_reset[env_id])
+            and env_id not in self._failed_autoresets
         )
 
     def _recover(self, env_id: int, exc: BaseException) -> StepOutcome:
@@ -816,6 +827,7 @@ class EnvHost(HostState):
         # Answered: a restart notice stays only while the rebuilt env's reset fails.
         self._restart_notices.pop(env_id, None)
         self._owed_resets.pop(env_id, None)  # a new reset replaces one that gave up
+        self._failed_autoresets.discard(env_id)
         if restart_reason is None:
             return info
         return restarted_info(info, restart_reason)
@@ -869,6 +881,9 @@ class EnvHost(HostState):
         # the env ends as that reset would have left it.
         owed = self._owed_resets.get(env_id)
         request = _RESET if owed is None else methodcaller("reset", seed=owed[0], options=owed[1])
+        # SAME_STEP gives every ended episode its final observation: here the last one
+        # the env returned (still in its row), else, gone with its worker, the new one.
+        final = self._last_observation(env_id) if self._same_step else None
         observation, info = yield request
         checked_info(info)
         self._write_results(env_id, observation, 0.0, False, True)
@@ -876,7 +891,19 @@ class EnvHost(HostState):
         self._needs_reset[env_id] = self._next_step
         self._restart_notices.pop(env_id, None)  # answered (kept while the reset fails)
         self._owed_resets.pop(env_id, None)
-        return restarted_info(info, reason)
+        self._failed_autoresets.discard(env_id)
+        info = restarted_info(info, reason)
+        if self._same_step:
+            final = own_copy(observation) if final is None else final
+            ended = {"restarted": True, "restart_reason": reason}  # why the episode ended
+            info = {"final_info": ended, "final_obs": final, **info}
+        return info
+
+    def _last_observation(self, env_id: int) -> Any:
+        """A copy of the observation env ``env_id`` last returned (``None``: unknown)."""
+        if self._observations is not None:
+            return self._observations.get(env_id)
+        return read_row(self.buffers.observations, env_id)
 
     def _unplain_step_flow(self, env_id: int) -> Flow:
         """A step that is no ``env.step``: the restart notice of a rebuilt env, or the
@@ -887,6 +914,7 @@ class EnvHost(HostState):
         observation, info = yield _RESET
         checked_info(info)
         self._write_results(env_id, observation, 0.0, False, False)
+        self._failed_autoresets.discard(env_id)
         return info
 
     def _stepped_flow(self, env_id: int, result: tuple[Any, ...]) -> Flow:
@@ -895,7 +923,11 @@ class EnvHost(HostState):
         if self._same_step and (terminated or truncated):
             # (in AsyncVectorEnv's key order, which code reading list(infos) sees)
             final = {"final_info": info, "final_obs": observation}
-            observation, reset_info = yield _RESET
+            try:
+                observation, reset_info = yield _RESET
+            except env_errors():  # the episode ended and none began: see _plain_step
+                self._failed_autoresets.add(env_id)
+                raise
             info = {**final, **checked_info(reset_info)}
         self._record_step(env_id, observation, reward, terminated, truncated)
         return info

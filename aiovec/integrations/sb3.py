@@ -107,9 +107,9 @@ class SB3VecEnv(VecEnv):
                 self.reset_infos[index] = info
                 info = per_env[index] = dict(final_info)
                 info["terminal_observation"] = final_observation
-            elif dones[index]:  # a restart (on_failure="restart") ended the episode: SB3
-                # needs a terminal observation; the failed env's last one is gone, and the
-                # rebuilt env's first stands in (the info says restarted)
+            elif dones[index]:  # a batched env's restart ended the episode without a
+                # final observation (single envs give the last one): SB3 needs one, and
+                # the rebuilt block's first stands in (the info says restarted)
                 info["terminal_observation"] = read_row(observations, index)
             info["TimeLimit.truncated"] = bool(truncations[index] and not terminations[index])
         return observations, rewards.astype(np.float32), dones, per_env
