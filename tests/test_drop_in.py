@@ -146,6 +146,22 @@ def test_an_env_exceptions_own_attributes_reach_the_caller(backend):
         assert failed.value.output == b"log" and failed.value.env_index == 0
 
 
+class _LockInMetadataEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
+    metadata = {"render_modes": ["ansi"], "render_fps": 4, "lock": __import__("threading").Lock()}
+
+
+def test_an_env_whose_metadata_cannot_travel_still_starts(backend):
+    """Gymnasium reads metadata in the caller's process; aiovec's workers send it, and a
+    value that cannot be pickled (a lock) killed the worker as it started. The entries
+    that can travel make ``metadata``; the env works."""
+    import aiovec
+
+    with aiovec.VecEnv([_LockInMetadataEnv] * 2, backend=backend) as venv:
+        assert venv.metadata["render_fps"] == 4 and venv.metadata["render_modes"] == ["ansi"]
+        venv.reset(seed=0)
+        assert venv.step([0, 0])[0].tolist() == [[0, 1], [0, 1]]
+
+
 class _PickyError(Exception):
     """An exception class whose ``__new__`` needs its arguments, as ExceptionGroup's."""
 

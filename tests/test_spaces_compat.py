@@ -374,8 +374,28 @@ def test_one_number_per_env_for_a_one_element_space_reaches_each_env_as_passed(
                 {"n": ("int", None, 2), "x": ("ndarray", "float32", [0.25])},
             ],
         ),
+        # numpy values of different dtypes: stacking them would promote one to the
+        # other's dtype (float32 -> float64); each env gets its own, as passed.
+        (
+            spaces.Box(-1, 1, (2,), np.float32),
+            [np.array([0.5, 0.5], np.float32), np.array([0.25, 0.75], np.float64)],
+            [("ndarray", "float32", [0.5, 0.5]), ("ndarray", "float64", [0.25, 0.75])],
+        ),
+        (
+            spaces.Discrete(3),
+            [np.int64(0), np.int32(2)],
+            [("int64", "int64", 0), ("int32", "int32", 2)],
+        ),
     ],
-    ids=["ints", "bool-and-int", "out-of-dtype-list", "list-and-array-rows", "dict"],
+    ids=[
+        "ints",
+        "bool-and-int",
+        "out-of-dtype-list",
+        "list-and-array-rows",
+        "dict",
+        "numpy-dtypes-mixed",
+        "numpy-ints-mixed",
+    ],
 )
 def test_python_values_in_a_list_reach_each_env_as_passed(backend, space, actions, expected):
     # Gymnasium's iterate hands env i the item actions[i] itself: a Python int stays an

@@ -484,11 +484,18 @@ def _kind_of_objects(values: list[Any]) -> str:
 
 def _holds_python_values(batch: Any) -> bool:
     """Whether ``batch`` is a list or tuple with an item that is not a numpy value
-    (``[1, 0]``, ``[[0.5], [0.25]]``): each env then gets its item as passed, a Python
-    ``int`` or ``list`` as in Gymnasium, not the numpy value shared memory would give."""
+    (``[1, 0]``, ``[[0.5], [0.25]]``), or numpy values of different dtypes (stacked,
+    one would be promoted to the other's): each env then gets its item as passed, a
+    Python ``int`` or ``list``, or its own dtype, as in Gymnasium, not the value one
+    stacked array would give."""
     if type(batch) is not list and type(batch) is not tuple:
         return False
-    return any(not isinstance(item, (np.ndarray, np.generic)) for item in batch)
+    dtypes = set()
+    for item in batch:
+        if not isinstance(item, (np.ndarray, np.generic)):
+            return True
+        dtypes.add(item.dtype)
+    return len(dtypes) > 1
 
 
 def _has_one_element(shape: tuple[int, ...]) -> bool:

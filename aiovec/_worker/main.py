@@ -59,6 +59,7 @@ from aiovec._worker.async_server import AsyncEnvServer
 from aiovec._worker.blocks import BlockHost, build_host
 from aiovec._worker.host import (
     EnvBuildError,
+    EnvDescription,
     EnvHost,
     StepOutcome,
     catch_env_exits,
@@ -115,6 +116,30 @@ def _yield_to_the_agent_on_wakeup() -> None:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux, or a policy this one cannot leave
         pass
+
+
+def _pickled_descriptions(descriptions: list[EnvDescription]) -> bytes:
+    """``descriptions`` pickled for the agent. Metadata entries that cannot be pickled
+    (a lock, an open handle) are left out of them: Gymnasium reads metadata in the
+    caller's process, where anything goes, and they are rarely read; the env is not
+    refused for them. (Spaces or a spec that cannot be pickled still raise.)"""
+    try:
+        pickled: bytes = cloudpickle.dumps(descriptions)
+    except Exception:  # the usual case costs one pickling; this one, one per entry
+        kept = [d._replace(metadata=_picklable_entries(d.metadata)) for d in descriptions]
+        pickled = cloudpickle.dumps(kept)
+    return pickled
+
+
+def _picklable_entries(mapping: dict[str, Any]) -> dict[str, Any]:
+    kept = {}
+    for key, value in mapping.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            continue
+        kept[key] = value
+    return kept
 
 
 def worker_main(
@@ -174,7 +199,7 @@ def worker_main(
             host.notify_restart(restart_reason)
         async_envs = any(isinstance(env, AsyncEnv) for env in envs.values())
         try:
-            hello = Hello(spaces=cloudpickle.dumps(descriptions), async_envs=async_envs)
+            hello = Hello(spaces=_pickled_descriptions(descriptions), async_envs=async_envs)
             connection.send(encode(hello))
             # The region lives until this process exits; the kernel frees it after the last user.
             region_fd, *line_fds = connection.receive_fds()
