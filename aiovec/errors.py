@@ -101,17 +101,17 @@ class EnvError(AiovecError):
         return cls(*arguments)
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep pickling (e.g. through Ray) lossless
-        return (
-            _rebuild_env_error,
-            (
-                self.env_index,
-                self._operation,
-                self.exc_type,
-                self.exc_message,
-                self.worker_traceback,
-                self.exc_module,
-            ),
+        arguments = (
+            self.env_index,
+            self._operation,
+            self.exc_type,
+            self.exc_message,
+            self.worker_traceback,
+            self.exc_module,
         )
+        # The env exception's own attributes (``retryable``), set after construction.
+        extra = {k: v for k, v in vars(self).items() if k not in _ENV_ERROR_FIELDS}
+        return (_rebuild_env_error, arguments, extra or None)
 
 
 _ENV_ERROR_CLASSES: dict[tuple[str | None, str], type[EnvError]] = {}
@@ -144,6 +144,12 @@ def _env_error_class(base: type[EnvError], module: str | None, qualname: str) ->
             error_class = base  # an __init_subclass__ that refuses): plain
     _ENV_ERROR_CLASSES[key] = error_class
     return error_class
+
+
+#: What ``EnvError.__init__`` sets: everything else on one came from the env's exception.
+_ENV_ERROR_FIELDS = frozenset(
+    vars(EnvError(0, "step", "ValueError", "")).keys() | {"__traceback__", "__cause__"}
+)
 
 
 def _rebuild_env_error(*args: object) -> EnvError:

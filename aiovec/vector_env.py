@@ -208,7 +208,8 @@ class VecEnv(SplitCalls, VectorEnv):
             ``info["restarted"] = True`` (with ``info["restart_reason"]``), so training
             goes on; a failed reset is retried on the rebuilt env with the same seed
             and options, its info saying so (past ``max_restarts`` it raises, and the
-            env's next step replays that reset). Counted in :attr:`restart_counts`.
+            env's next step replays that reset: bare when its worker died each time).
+            Counted in :attr:`restart_counts`.
         max_restarts: with ``on_failure="restart"``, how many failures in a row an env
             (or a worker) may have before the error is raised after all.
         ray_options: Ray backend: ``address`` (for ``ray.init``, used only when Ray is not

@@ -114,6 +114,7 @@ class _RetryableError(RuntimeError):
         super().__init__(message)
         self.retryable = retryable
         self.handle = __import__("threading").Lock()  # cannot travel: left out
+        self.frame = np.zeros(300_000)  # 2.4 MB: over the limit, left out alone
 
 
 class _AttributeErrorEnv(__import__("tests.envs", fromlist=["CounterEnv"]).CounterEnv):
@@ -129,6 +130,8 @@ def test_an_env_exceptions_own_attributes_reach_the_caller(backend):
     """Gymnasium re-creates the env's exception, so what its ``__init__`` sets is
     there (``CalledProcessError.returncode``, a library's ``retryable``); aiovec's
     EnvError of that class carries the attributes that can travel, its own kept."""
+    import copy
+    import pickle
     import subprocess
 
     import aiovec
@@ -138,7 +141,10 @@ def test_an_env_exceptions_own_attributes_reach_the_caller(backend):
         with pytest.raises(_RetryableError) as caught:
             venv.step([0, 0])
         assert caught.value.retryable is True and not hasattr(caught.value, "handle")
+        assert not hasattr(caught.value, "frame")  # too big; the others still came
         assert caught.value.env_index == 0 and "solver diverged" in str(caught.value)
+        for copied in (pickle.loads(pickle.dumps(caught.value)), copy.deepcopy(caught.value)):
+            assert isinstance(copied, _RetryableError) and copied.retryable is True
         venv.reset()
         with pytest.raises(subprocess.CalledProcessError) as failed:
             venv.step([1, 1])

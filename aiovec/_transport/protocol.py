@@ -110,9 +110,9 @@ class ErrorInfo(msgspec.Struct, array_like=True):
     exc_module: Union[str, None] = None
     #: Every env this one error stands for (the rows of a batched env); ``None``: ``env_id``.
     env_ids: Union[list[int], None] = None
-    #: The attributes the exception's own code set that can travel (pickled, see
-    #: :func:`exception_attributes`); the caller's error gets them back.
-    attributes: Union[bytes, None] = None
+    #: The attributes the exception's own code set that can travel, each pickled on
+    #: its own (see :func:`exception_attributes`); the caller's error gets them back.
+    attributes: Union[dict[str, bytes], None] = None
 
     def to_exception(self) -> EnvError | StepTimeoutError:
         """The exception the user sees for this error: :class:`aiovec.EnvError`, or
@@ -136,44 +136,43 @@ class ErrorInfo(msgspec.Struct, array_like=True):
         return error
 
 
-#: Most bytes an exception's own attributes may take in an :class:`ErrorInfo`.
+#: Most bytes one attribute of an env's exception may take in an :class:`ErrorInfo`
+#: (a camera frame kept on an error stays behind; the other attributes travel).
 MAX_ATTRIBUTE_BYTES = 1 << 20
 
 
-def exception_attributes(exc: BaseException) -> bytes | None:
+def exception_attributes(exc: BaseException) -> dict[str, bytes] | None:
     """The attributes ``exc``'s own code set (``retryable``, ``returncode``: its
-    ``__dict__``) that can be pickled, pickled together; ``None`` when there are none,
-    or when they would take more than :data:`MAX_ATTRIBUTE_BYTES`."""
-    kept = {}
+    ``__dict__``), each pickled on its own (by value where its class lives in a
+    script); those that cannot be, or would take more than :data:`MAX_ATTRIBUTE_BYTES`,
+    are left out. ``None`` when none is left."""
+    kept: dict[str, bytes] = {}
     try:
-        for name, value in vars(exc).items():
-            if name.startswith("__"):  # __notes__ and the like: the message has them
-                continue
-            try:
-                pickle.dumps(value)
-            except Exception:  # a lock, a handle: left out, the rest travels
-                continue
-            kept[name] = value
-        data = pickle.dumps(kept) if kept else None
+        items = list(vars(exc).items())
     except Exception:  # an exception class whose __dict__ misbehaves: none travel
         return None
-    return data if data is not None and len(data) <= MAX_ATTRIBUTE_BYTES else None
+    for name, value in items:
+        if not isinstance(name, str) or name.startswith("__"):  # __notes__: in the message
+            continue
+        try:
+            data = cloudpickle.dumps(value)
+        except Exception:  # a lock, a handle: left out, the rest travels
+            continue
+        if len(data) <= MAX_ATTRIBUTE_BYTES:
+            kept[name] = data
+    return kept or None
 
 
-def _restore_attributes(error: EnvError, data: bytes) -> None:
-    """Set on ``error`` the attributes :func:`exception_attributes` pickled, except
-    those aiovec's error has itself (``env_index``, ``exc_type``, ...)."""
-    try:
-        attributes = pickle.loads(data)
-    except Exception:  # a class this process cannot import: the error goes without
-        return
+def _restore_attributes(error: EnvError, attributes: dict[str, bytes]) -> None:
+    """Set on ``error`` each attribute :func:`exception_attributes` pickled that this
+    process can unpickle, except those aiovec's error has itself (``env_index``, ...)."""
     own = vars(error)
-    for name, value in attributes.items():
+    for name, data in attributes.items():
         if name in own or hasattr(EnvError, name):
             continue
         try:
-            setattr(error, name, value)
-        except Exception:  # a read-only property of the env's class
+            setattr(error, name, pickle.loads(data))
+        except Exception:  # a class only the worker has, a read-only property: left out
             continue
 
 

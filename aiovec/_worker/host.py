@@ -412,6 +412,9 @@ class EnvHost(HostState):
         # SAME_STEP: envs whose autoreset raised (their episode ended, none began): the
         # next step resets them, as NEXT_STEP's step after an episode end does.
         self._failed_autoresets: set[int] = set()
+        # SAME_STEP, under the restart policy: the step (observation, reward, flags,
+        # info) whose autoreset raised, which the restart that follows reports.
+        self._ended_steps: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
         self._observation_space = next(iter(envs.values())).observation_space
         self._needs_reset = dict.fromkeys(envs, False)
         super().__init__(self._observation_space)
@@ -697,6 +700,8 @@ class EnvHost(HostState):
             info = self._drive(env_id, self._recover_flow(env_id, exc))
         except env_errors() as final:
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
+        finally:
+            self._ended_steps.pop(env_id, None)  # reported by the restart, or lost with it
         return StepOutcome(env_id, info, None, False)
 
     async def recover_reset_async(self, command: Reset, exc: BaseException) -> Reply:
@@ -719,6 +724,8 @@ class EnvHost(HostState):
             info = await self._drive_async(env_id, self._recover_flow(env_id, exc))
         except env_errors() as final:
             return StepOutcome(env_id, None, error_info(env_id, "step", final), False)
+        finally:
+            self._ended_steps.pop(env_id, None)
         return StepOutcome(env_id, info, None, False)
 
     def step_reply(self, seq: int, outcomes: list[StepOutcome]) -> Reply:
@@ -884,9 +891,14 @@ class EnvHost(HostState):
         # SAME_STEP gives every ended episode its final observation: here the last one
         # the env returned (still in its row), else, gone with its worker, the new one.
         final = self._last_observation(env_id) if self._same_step else None
+        ended = self._ended_steps.pop(env_id, None)  # a step whose autoreset raised
         observation, info = yield request
         checked_info(info)
-        self._write_results(env_id, observation, 0.0, False, True)
+        if ended is None:
+            self._write_results(env_id, observation, 0.0, False, True)
+        else:  # that step's own outcome stands: only its autoreset failed
+            final, reward, terminated, truncated, step_info = ended
+            self._write_results(env_id, observation, reward, terminated, truncated)
         # NEXT_STEP treats the truncation like any other: the next step resets again.
         self._needs_reset[env_id] = self._next_step
         self._restart_notices.pop(env_id, None)  # answered (kept while the reset fails)
@@ -895,8 +907,9 @@ class EnvHost(HostState):
         info = restarted_info(info, reason)
         if self._same_step:
             final = own_copy(observation) if final is None else final
-            ended = {"restarted": True, "restart_reason": reason}  # why the episode ended
-            info = {"final_info": ended, "final_obs": final, **info}
+            why = {"restarted": True, "restart_reason": reason}  # why the episode ended
+            final_info = why if ended is None else {**step_info, **why}
+            info = {"final_info": final_info, "final_obs": final, **info}
         return info
 
     def _last_observation(self, env_id: int) -> Any:
@@ -927,6 +940,7 @@ class EnvHost(HostState):
                 observation, reset_info = yield _RESET
             except env_errors():  # the episode ended and none began: see _plain_step
                 self._failed_autoresets.add(env_id)
+                self._ended_steps[env_id] = (observation, reward, terminated, truncated, info)
                 raise
             info = {**final, **checked_info(reset_info)}
         self._record_step(env_id, observation, reward, terminated, truncated)
