@@ -123,6 +123,9 @@ class Scheduler:
         self.step_timeout = step_timeout
         self.worker_restarts = [0] * len(backend.groups)  # total, per worker
         self._crashes_in_a_row = [0] * len(backend.groups)
+        # Worker deaths in a row while each env was running (the env to blame), so that
+        # another env of the worker stepping fine meanwhile does not hide a crash loop.
+        self._env_crashes_in_a_row: dict[int, int] = {}
         self._timed_out: dict[int, list[int]] = {}  # worker -> env ids it was killed for
         # worker -> when its last answer arrived, and env id -> when its last answer
         # arrived (kept with a step_timeout only: see _kill_times)
@@ -679,6 +682,9 @@ class Scheduler:
                 self._note_reward_dtype(message.reward_dtype)
             if message.progressed:  # real work happened: not a crash loop
                 self._crashes_in_a_row[worker] = 0
+                if self._env_crashes_in_a_row:
+                    for env_id in message.env_ids:
+                        self._env_crashes_in_a_row.pop(env_id, None)
             unanswered = ticket.unanswered() if ticket.answered else len(ticket.env_ids)
             if ticket.is_step and len(message.env_ids) < unanswered:
                 if ticket.answered is None:
@@ -702,7 +708,12 @@ class Scheduler:
         in_flight = sorted(
             (seq, ticket) for seq, ticket in self._tickets.items() if ticket.worker == worker
         )
-        if self.restart and self._crashes_in_a_row[worker] < self.max_restarts:
+        blamed = {*exit.running, *(timed_out or ())}  # what it was running, where known
+        env_crashes = self._env_crashes_in_a_row
+        for env_id in blamed:
+            env_crashes[env_id] = env_crashes.get(env_id, 0) + 1
+        in_a_row = max((env_crashes[env_id] - 1 for env_id in blamed), default=0)
+        if self.restart and max(self._crashes_in_a_row[worker], in_a_row) < self.max_restarts:
             self._crashes_in_a_row[worker] += 1
             self.worker_restarts[worker] += 1
             logger.warning("restarting worker %d after: %s", worker, crash)

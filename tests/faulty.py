@@ -463,3 +463,18 @@ class FlakyAutoresetEnv(CounterEnv):
     def step(self, action):
         observation, reward, _, truncated, info = super().step(action)
         return observation, reward, True, truncated, info
+
+
+class SlowKillEnv(CounterEnv):
+    """A CounterEnv that, as env ``doomed``, kills its worker (SIGKILL) ``delay`` s into
+    every step; any other index steps as a CounterEnv."""
+
+    def __init__(self, env_index: int = 0, doomed: int = 1, delay: float = 0.2) -> None:
+        super().__init__(env_index)
+        self.doomed, self.delay_before_death = doomed, delay
+
+    def step(self, action):
+        if self.env_index == self.doomed:
+            time.sleep(self.delay_before_death)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)

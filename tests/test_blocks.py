@@ -312,6 +312,31 @@ def test_a_step_after_a_block_reset_that_gave_up_replays_that_reset(tmp_path, ba
         np.testing.assert_array_equal(observations[2:], expected[2:])
 
 
+@pytest.mark.parametrize("fault", ["fail_at", "crash_at"])
+def test_same_step_a_restarted_block_gives_its_rows_final_obs(fault):
+    """A batched env in SAME_STEP mode: a restart truncates the block's rows, and each
+    ended row has ``final_obs`` (its last observation) and ``final_info`` (the restart
+    said), as single envs do; SAME_STEP code reading ``infos["final_obs"][i]`` for
+    every truncated row used to get a KeyError."""
+    with aiovec.make(
+        point_masses,
+        4,
+        envs_per_block=2,
+        backend="process",
+        on_failure="restart",
+        env_kwargs=[{"autoreset_mode": "SameStep"}, {"autoreset_mode": "SameStep", fault: 2}],
+    ) as venv:
+        venv.reset(seed=0)
+        last, *_ = venv.step(np.zeros((4, 1), np.float32))
+        _, _, _, truncated, infos = venv.step(np.zeros((4, 1), np.float32))
+        # (rows 0 and 1 may end an episode of their own: a mass leaving [-1, 1])
+        np.testing.assert_array_equal(truncated[2:], [True, True])
+        np.testing.assert_array_equal(infos["_final_obs"][2:], [True, True])
+        for row in (2, 3):
+            np.testing.assert_array_equal(infos["final_obs"][row], last[row])
+            assert infos["final_info"]["restarted"][row]
+
+
 def test_a_crashing_worker_of_blocks(no_leaks):
     env_kwargs = [{}, {"crash_at": 2}]
     with aiovec.make(

@@ -651,3 +651,48 @@ def test_same_step_a_restart_gives_the_ended_episodes_final_obs(fault):
         assert infos["_final_info"].tolist() == [False, True]
         assert infos["final_info"]["restarted"][1]  # why the episode ended
         assert observations[1].tolist() == [1, 0]  # the rebuilt env's reset
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_same_step_a_restart_after_a_failed_autoreset_keeps_the_terminal_step(backend):
+    """The episode really ended (``env.step`` returned reward and ``terminated``) and
+    then the autoreset's ``reset()`` raised: the restart that follows must not replace
+    that transition (it did: reward 0, truncated, the previous step's observation as
+    ``final_obs``): the step's own reward, flags, observation and info stay, with the
+    restart said in the infos, and the rebuilt env's reset observation is returned."""
+    from gymnasium.vector import AutoresetMode
+
+    from tests.faulty import FlakyAutoresetEnv
+
+    env_fns = [partial(FlakyAutoresetEnv, 0), partial(FlakyAutoresetEnv, 1, failing_reset=2)]
+    with aiovec.VecEnv(
+        env_fns, backend=backend, on_failure="restart", autoreset_mode=AutoresetMode.SAME_STEP
+    ) as venv:
+        venv.reset(seed=0)
+        observations, rewards, terminations, truncations, infos = venv.step([1, 1])
+        assert rewards.tolist() == [1.0, 1.0] and terminations.tolist() == [True, True]
+        assert not truncations.any() and infos["restarted"][1] and infos["_final_obs"].all()
+        assert infos["final_obs"][1].tolist() == [1, 1]  # what the ending step returned
+        assert infos["final_info"]["action"].tolist() == [1, 1]  # its info
+        assert infos["final_info"]["restarted"][1]
+        assert observations[1].tolist() == [1, 100]  # the rebuilt env's first reset
+
+
+async def test_a_crash_loop_stops_at_max_restarts_beside_a_healthy_env_of_its_worker():
+    """First-ready, envs in threads: env 1 kills the worker in every step while env 0,
+    in the same worker, steps fine. Env 0's results are no progress of env 1's: the
+    worker used to be replaced forever (each of env 0's results cleared the count)."""
+    from tests.faulty import SlowKillEnv
+
+    env_fns = [partial(SlowKillEnv, 0), partial(SlowKillEnv, 1)]
+    async with aiovec.VecEnv(
+        env_fns, num_workers=1, concurrent_envs=True, on_failure="restart", max_restarts=2
+    ) as venv:
+        await venv.areset(seed=0)
+        venv.send([0, 0])
+        deadline = time.monotonic() + BOUND
+        with pytest.raises(aiovec.WorkerCrashedError, match="while env 1 was running"):
+            while time.monotonic() < deadline:
+                batch = await venv.recv()
+                venv.send(np.zeros(len(batch.env_ids), np.int64), batch.env_ids)
+        assert venv.worker_restarts == (2,)

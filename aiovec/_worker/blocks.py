@@ -35,6 +35,7 @@ from aiovec._transport.spaces import (
     batch_values,
     converted_exactly,
     copy_buffer,
+    read_row,
     split_batch,
     write_rows,
 )
@@ -218,6 +219,7 @@ class BlockHost(HostState):
         first = next(iter(blocks.values()))
         mode = first.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
         self._next_step = AutoresetMode(mode) is AutoresetMode.NEXT_STEP
+        self._same_step = AutoresetMode(mode) is AutoresetMode.SAME_STEP
         self._block_fns = block_fns or {}
         self._max_restarts = max_restarts if block_fns else 0
         self._failures_in_a_row = dict.fromkeys(blocks, 0)
@@ -513,13 +515,29 @@ class BlockHost(HostState):
         # After a reset that gave up, the caller's seeds and options, not a bare reset.
         owed = self._owed_resets.get(first_row)
         request = _RESET if owed is None else methodcaller("reset", seed=owed[0], options=owed[1])
+        # SAME_STEP gives every ended episode its final observation: each row's last.
+        finals = self._last_observations(first_row) if self._same_step else None
         observations, info = _synchronous((yield request), "reset")
         self._write(first_row, observations, 0.0, False, True)
         self._restart_notices.pop(first_row, None)  # answered (kept while the reset fails)
         self._owed_resets.pop(first_row, None)
         if self._next_step:
             self._owes_reset.add(first_row)
-        return _restarted_infos(info, self.envs_per_block, reason)
+        infos = _restarted_infos(info, self.envs_per_block, reason)
+        if finals is not None:
+            why = {"restarted": True, "restart_reason": reason}  # why the episodes ended
+            infos = [
+                {"final_info": why, "final_obs": final, **row_info}
+                for final, row_info in zip(finals, infos)
+            ]
+        return infos
+
+    def _last_observations(self, first_row: int) -> list[Any]:
+        """Copies of the observations the block's rows last returned (``None``: unknown)."""
+        rows = range(first_row, first_row + self.envs_per_block)
+        if self._observations is not None:
+            return [self._observations.get(row) for row in rows]
+        return [read_row(self.buffers.observations, row) for row in rows]
 
     def _error(self, first_row: int, operation: str, exc: BaseException) -> ErrorInfo:
         return block_error(first_row, self.envs_per_block, operation, exc)
