@@ -289,18 +289,24 @@ def test_a_loop_that_ends_with_steps_in_flight_fails_them_clearly():
         asyncio.run(collect())
 
 
+def _polled_env_ids(venv, count: int, pause: float = 0.0) -> list[int]:
+    """The env ids of the results ``recv_nowait()`` polling collects from synchronous
+    code, until ``count`` came (or 10 s passed), sorted."""
+    got: list[int] = []
+    deadline = time.monotonic() + 10
+    while len(got) < count and time.monotonic() < deadline:
+        batch = venv.recv_nowait()
+        if batch is not None:
+            got += batch.env_ids.tolist()
+        time.sleep(pause)
+    return sorted(got)
+
+
 def test_recv_nowait_polling_from_synchronous_code_makes_progress():
     with aiovec.VecEnv([AsyncCounterEnv] * 2, backend="coroutine") as venv:
         venv.reset(seed=0)
         venv.send(np.zeros(2, dtype=np.int64))
-        got: list[int] = []
-        deadline = time.monotonic() + 10
-        while len(got) < 2 and time.monotonic() < deadline:
-            batch = venv.recv_nowait()
-            if batch is not None:
-                got += batch.env_ids.tolist()
-            time.sleep(0.001)
-        assert sorted(got) == [0, 1]
+        assert _polled_env_ids(venv, 2, pause=0.001) == [0, 1]
 
 
 def test_recv_nowait_polling_collects_every_result_of_envs_finishing_apart():
@@ -313,13 +319,7 @@ def test_recv_nowait_polling_collects_every_result_of_envs_finishing_apart():
         venv.reset(seed=0)
         for _ in range(30):
             venv.send(np.zeros(8, dtype=np.int64))
-            got: list[int] = []
-            deadline = time.monotonic() + 10
-            while len(got) < 8 and time.monotonic() < deadline:
-                batch = venv.recv_nowait()
-                if batch is not None:
-                    got += batch.env_ids.tolist()
-            assert sorted(got) == list(range(8))
+            assert _polled_env_ids(venv, 8) == list(range(8))
 
 
 def test_closing_with_async_steps_in_flight_leaves_no_pending_tasks(tmp_path):
