@@ -1084,7 +1084,12 @@ class VecEnv(SplitCalls, VectorEnv):
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **_: Any) -> None:
         """Stop the workers (waiting up to ``timeout``, default ``close_timeout``, then
-        killing them) and release shared memory. Idempotent."""
+        killing them) and release shared memory. Idempotent. Called directly (not by
+        :meth:`close`, which marks the env closed after it, as Gymnasium's does), it is
+        a whole :meth:`close`: later calls raise ``ClosedError``."""
+        if not self._closing:
+            self.close(timeout=timeout, terminate=terminate)
+            return
         timeout = check_seconds("timeout", timeout, negative_ok=True, unlimited=FOREVER)
         if terminate:
             timeout = 0

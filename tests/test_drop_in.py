@@ -168,6 +168,21 @@ def test_an_env_whose_metadata_cannot_travel_still_starts(backend):
         assert venv.step([0, 0])[0].tolist() == [[0, 1], [0, 1]]
 
 
+def test_close_extras_called_directly_closes_the_env(backend):
+    """Gymnasium's ``close()`` calls ``close_extras()`` and then marks the env closed;
+    code calling ``close_extras()`` itself got aiovec's internals (WorkerGone,
+    AttributeError) from later calls: it is a whole close now, later calls ClosedError."""
+    import aiovec
+
+    with aiovec.VecEnv([_LockInMetadataEnv] * 2, backend=backend) as venv:
+        venv.reset(seed=0)
+        venv.close_extras()
+        assert venv.closed
+        for call in (venv.reset, lambda: venv.step([0, 0]), lambda: venv.get_attr("spec")):
+            with pytest.raises(aiovec.ClosedError):
+                call()
+
+
 class _PickyError(Exception):
     """An exception class whose ``__new__`` needs its arguments, as ExceptionGroup's."""
 
