@@ -325,3 +325,22 @@ def test_numpy_and_infinite_times_are_taken_everywhere():
     with aiovec.VecEnv([CounterEnv], backend="process") as venv:
         venv.reset()
         venv.close(timeout=inf)
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_per_env_tuples_for_a_tuple_space_are_refused_naming_the_batch_form(count):
+    """A Tuple space's batch is a tuple of one batch per part; a list of per-env
+    tuples (two envs of a two-part Tuple look alike) raised numpy's bare
+    "inhomogeneous shape" error, or a count mismatch without the fix."""
+    from gymnasium import spaces as S
+
+    from tests.envs import SpacesEnv
+
+    space = S.Tuple((S.Discrete(2), S.Box(-1, 1, (3,), np.float32)))
+    fns = [lambda: SpacesEnv(action_space=space)] * count
+    with aiovec.VecEnv(fns, backend="inline") as venv:
+        venv.reset(seed=0)
+        per_env = [(1, np.zeros(3, np.float32))] * count
+        with pytest.raises(ValueError, match=r"per-env tuples.*tuple\(zip\(\*actions\)\)"):
+            venv.step(per_env)
+        venv.step(tuple(zip(*per_env)))  # the batch form steps

@@ -569,14 +569,32 @@ def _tuple_checker(
                 f"{path}: expected a tuple of {len(checkers)} batches, got {_preview(batch)}"
             )
         if len(batch) != len(checkers):
+            hint = ""
+            if _per_env_tuples(batch, count, len(checkers)):
+                hint = f" (per-env tuples? pass tuple(zip(*{path})))"
             raise ValueError(
-                f"{path}: expected a tuple of {len(checkers)} batches, got {len(batch)}"
+                f"{path}: expected a tuple of {len(checkers)} batches, got {len(batch)}{hint}"
             )
         checked, exact = [], True
-        for check_item, item in zip(checkers, batch):
-            item_checked, item_exact = check_item(item, count)
-            checked.append(item_checked)
-            exact = exact and item_exact
+        try:
+            for check_item, item in zip(checkers, batch):
+                item_checked, item_exact = check_item(item, count)
+                checked.append(item_checked)
+                exact = exact and item_exact
+        except (ValueError, TypeError) as exc:
+            if _per_env_tuples(batch, count, len(checkers)):  # the likely mistake: say so
+                raise ValueError(
+                    f"{path}: got {count} per-env tuples; a batch of {space} is a tuple of "
+                    f"{len(checkers)} batches, one per part (pass tuple(zip(*{path})))"
+                ) from exc
+            raise
         return tuple(checked), exact
 
     return check
+
+
+def _per_env_tuples(batch: Any, count: int, parts: int) -> bool:
+    """Whether ``batch`` looks like ``count`` per-env samples of a ``parts``-part Tuple."""
+    return len(batch) == count and all(
+        isinstance(item, tuple) and len(item) == parts for item in batch
+    )
