@@ -35,7 +35,6 @@ from aiovec._transport.spaces import (
     batch_values,
     converted_exactly,
     copy_buffer,
-    read_row,
     split_batch,
     write_rows,
 )
@@ -516,7 +515,8 @@ class BlockHost(HostState):
         owed = self._owed_resets.get(first_row)
         request = _RESET if owed is None else methodcaller("reset", seed=owed[0], options=owed[1])
         # SAME_STEP gives every ended episode its final observation: each row's last.
-        finals = self._last_observations(first_row) if self._same_step else None
+        rows = range(first_row, first_row + self.envs_per_block)
+        finals = [self.last_observation(row) for row in rows] if self._same_step else None
         observations, info = _synchronous((yield request), "reset")
         self._write(first_row, observations, 0.0, False, True)
         self._restart_notices.pop(first_row, None)  # answered (kept while the reset fails)
@@ -525,19 +525,12 @@ class BlockHost(HostState):
             self._owes_reset.add(first_row)
         infos = _restarted_infos(info, self.envs_per_block, reason)
         if finals is not None:
-            why = {"restarted": True, "restart_reason": reason}  # why the episodes ended
+            why = restarted_info({}, reason)  # why the episodes ended
             infos = [
                 {"final_info": why, "final_obs": final, **row_info}
                 for final, row_info in zip(finals, infos)
             ]
         return infos
-
-    def _last_observations(self, first_row: int) -> list[Any]:
-        """Copies of the observations the block's rows last returned (``None``: unknown)."""
-        rows = range(first_row, first_row + self.envs_per_block)
-        if self._observations is not None:
-            return [self._observations.get(row) for row in rows]
-        return [read_row(self.buffers.observations, row) for row in rows]
 
     def _error(self, first_row: int, operation: str, exc: BaseException) -> ErrorInfo:
         return block_error(first_row, self.envs_per_block, operation, exc)

@@ -316,6 +316,9 @@ class HostState:
     Busy time may be added and taken from several threads at once (envs stepped a
     thread each): every second added is reported by exactly one :meth:`take_busy`."""
 
+    #: The shared buffers, set by the host's ``attach`` before its first command.
+    buffers: Buffers
+
     def __init__(self, single_observation_space: gym.Space[Any]) -> None:
         self._busy = 0.0
         # ``+=`` on an attribute is a read then a write: threads would lose updates.
@@ -331,6 +334,12 @@ class HostState:
         #: isolated (see aiovec.backends._base.build_local_host); otherwise envs in this
         #: process get the caller's objects, as in SyncVectorEnv.
         self.copies_values = False
+
+    def last_observation(self, row: int) -> Any:
+        """A copy of the observation row ``row`` (an env) last got (``None``: unknown)."""
+        if self._observations is not None:
+            return self._observations.get(row)
+        return read_row(self.buffers.observations, row)
 
     def own_copy(self, value: Any) -> Any:
         """``value`` for one env: its own copy with :attr:`copies_values`."""
@@ -890,7 +899,7 @@ class EnvHost(HostState):
         request = _RESET if owed is None else methodcaller("reset", seed=owed[0], options=owed[1])
         # SAME_STEP gives every ended episode its final observation: here the last one
         # the env returned (still in its row), else, gone with its worker, the new one.
-        final = self._last_observation(env_id) if self._same_step else None
+        final = self.last_observation(env_id) if self._same_step else None
         ended = self._ended_steps.pop(env_id, None)  # a step whose autoreset raised
         observation, info = yield request
         checked_info(info)
@@ -907,16 +916,10 @@ class EnvHost(HostState):
         info = restarted_info(info, reason)
         if self._same_step:
             final = own_copy(observation) if final is None else final
-            why = {"restarted": True, "restart_reason": reason}  # why the episode ended
-            final_info = why if ended is None else {**step_info, **why}
+            # why the episode ended, with that step's own info if it did end
+            final_info = restarted_info({} if ended is None else step_info, reason)
             info = {"final_info": final_info, "final_obs": final, **info}
         return info
-
-    def _last_observation(self, env_id: int) -> Any:
-        """A copy of the observation env ``env_id`` last returned (``None``: unknown)."""
-        if self._observations is not None:
-            return self._observations.get(env_id)
-        return read_row(self.buffers.observations, env_id)
 
     def _unplain_step_flow(self, env_id: int) -> Flow:
         """A step that is no ``env.step``: the restart notice of a rebuilt env, or the
